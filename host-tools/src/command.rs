@@ -1,0 +1,412 @@
+//! Command tools: tools backed by an executable, usually declared in a TOML file.
+//!
+//! A call spawns the command directly (never through a shell) with the JSON arguments object
+//! and a newline on its stdin, then closes stdin. On exit status 0 the command's stdout is
+//! parsed as JSON and becomes the result. Otherwise the last non-empty line of its stderr
+//! becomes the error message.
+//!
+//! # Security
+//!
+//! A command tool runs with the host's privileges, environment and working directory: it is
+//! trusted host code, configured by the operator. The guest controls only the arguments
+//! object, which the command must validate (the `parameters` schema is advisory). Stdout is
+//! read up to a byte cap and stderr keeps a bounded tail, so a command cannot make the host
+//! buffer unbounded output; the call's time limit kills the command's whole process group
+//! (on Unix) and reaps it.
+//!
+//! # File format
+//!
+//! ```toml
+//! [[tool]]
+//! name = "word_count"            # required; a Python identifier
+//! namespace = "text"             # required
+//! description = "Counts words."  # required
+//! command = ["./wc.py", "--json"] # required argv; see below for relative paths
+//! timeout = "10s"                # optional; default 30s, must be > 0
+//! parameters = { type = "object", properties = { text = { type = "string" } } }
+//! ```
+//!
+//! Unknown keys are errors. See [`load_file`] and [`parse_toml`].
+
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin, Command};
+
+use crate::units::format_duration;
+use crate::{Args, RegistryError, Tool, ToolError, ToolFuture};
+
+mod config;
+
+pub use config::{load_file, parse_toml};
+
+/// The time limit of a command tool that does not set one.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The stdout cap of a command tool that does not set one: 16 MiB.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 16 << 20;
+
+/// How much of a command's stderr is kept by default (the tail): 64 KiB.
+pub const DEFAULT_MAX_STDERR_BYTES: usize = 64 << 10;
+
+/// The longest error message taken from a command's stderr, in characters.
+const MAX_ERROR_CHARS: usize = 500;
+
+/// Size of the buffer output is read through.
+const READ_CHUNK: usize = 8 << 10;
+
+/// A tool backed by an executable.
+///
+/// Built with [`CommandTool::new`] and the `with_*` setters, or loaded from TOML with
+/// [`load_file`] / [`parse_toml`]. Defaults: no arguments schema beyond `{"type": "object"}`,
+/// a [`DEFAULT_TIMEOUT`] time limit, a [`DEFAULT_MAX_OUTPUT_BYTES`] stdout cap and a
+/// [`DEFAULT_MAX_STDERR_BYTES`] stderr tail.
+///
+/// ```
+/// use std::time::Duration;
+/// use pycage_tools::{ToolRegistry, command::CommandTool};
+///
+/// let tool = CommandTool::new("text", "wc", "Counts words.", vec!["/usr/local/bin/wc-json".into()])?
+///     .with_timeout(Duration::from_secs(5));
+/// let mut tools = ToolRegistry::new();
+/// tools.register(tool)?;
+/// # Ok::<(), pycage_tools::RegistryError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct CommandTool {
+    namespace: String,
+    name: String,
+    description: String,
+    parameters: Value,
+    argv: Vec<String>,
+    timeout: Duration,
+    max_output_bytes: usize,
+    max_stderr_bytes: usize,
+}
+
+impl CommandTool {
+    /// A command tool running `argv` (`argv[0]` is the program, looked up on `PATH` when it
+    /// contains no `/`).
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::Config`] when `argv` is empty or `argv[0]` is empty. Names are
+    /// checked when the tool is registered.
+    pub fn new(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        description: impl Into<String>,
+        argv: Vec<String>,
+    ) -> Result<Self, RegistryError> {
+        if argv.first().is_none_or(|program| program.is_empty()) {
+            return Err(RegistryError::Config(
+                "a command tool needs a non-empty command".into(),
+            ));
+        }
+        Ok(Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            description: description.into(),
+            parameters: serde_json::json!({ "type": "object" }),
+            argv,
+            timeout: DEFAULT_TIMEOUT,
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
+            max_stderr_bytes: DEFAULT_MAX_STDERR_BYTES,
+        })
+    }
+
+    /// Sets the JSON schema of the arguments object.
+    #[must_use]
+    pub fn with_parameters(mut self, parameters: Value) -> Self {
+        self.parameters = parameters;
+        self
+    }
+
+    /// Sets the time limit of one call; the command is killed when it runs longer.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the most stdout bytes a call may produce; more fails the call.
+    #[must_use]
+    pub fn with_max_output_bytes(mut self, bytes: usize) -> Self {
+        self.max_output_bytes = bytes;
+        self
+    }
+
+    /// Sets how many trailing stderr bytes are kept for the error message.
+    #[must_use]
+    pub fn with_max_stderr_bytes(mut self, bytes: usize) -> Self {
+        self.max_stderr_bytes = bytes;
+        self
+    }
+
+    /// The command line: program, then arguments.
+    pub fn argv(&self) -> &[String] {
+        &self.argv
+    }
+
+    /// The most stdout bytes a call may produce.
+    pub fn max_output_bytes(&self) -> usize {
+        self.max_output_bytes
+    }
+
+    /// How many trailing stderr bytes are kept.
+    pub fn max_stderr_bytes(&self) -> usize {
+        self.max_stderr_bytes
+    }
+
+    async fn run(&self, args: Args) -> Result<Value, ToolError> {
+        let mut input = serde_json::to_vec(&Value::Object(args))
+            .map_err(|_| ToolError::Failed("tool arguments could not be encoded".into()))?;
+        input.push(b'\n');
+        let mut process = Process::spawn(&self.argv)?;
+        let exchanged = tokio::time::timeout(
+            self.timeout,
+            process.exchange(input, self.max_output_bytes, self.max_stderr_bytes),
+        )
+        .await;
+        match exchanged {
+            Ok(Ok(output)) => output.into_result(),
+            Ok(Err(err)) => {
+                process.kill().await;
+                Err(err)
+            }
+            Err(_elapsed) => {
+                process.kill().await;
+                Err(ToolError::Failed(format!(
+                    "tool timed out after {}",
+                    format_duration(self.timeout)
+                )))
+            }
+        }
+    }
+}
+
+impl Tool for CommandTool {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+    fn description(&self) -> &str {
+        &self.description
+    }
+    fn parameters(&self) -> &Value {
+        &self.parameters
+    }
+    fn timeout(&self) -> Option<Duration> {
+        Some(self.timeout)
+    }
+    fn call(&self, args: Args) -> ToolFuture<'_> {
+        Box::pin(self.run(args))
+    }
+}
+
+/// A spawned command. Until it has been reaped, dropping it kills its process group.
+struct Process {
+    child: Child,
+}
+
+/// What a finished command left behind.
+struct Output {
+    status: ExitStatus,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl Process {
+    fn spawn(argv: &[String]) -> Result<Self, ToolError> {
+        let not_started = || ToolError::Failed("tool could not be started".into());
+        let (program, args) = argv.split_first().ok_or_else(not_started)?;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        // Its own process group, so a time limit can kill everything the command started.
+        #[cfg(unix)]
+        command.process_group(0);
+        match command.spawn() {
+            Ok(child) => Ok(Self { child }),
+            Err(err) => {
+                tracing::warn!(program = %program, error = %err, "command tool could not be started");
+                Err(not_started())
+            }
+        }
+    }
+
+    /// Feeds `input` to stdin, collects stdout (at most `max_stdout` bytes) and the tail of
+    /// stderr (`keep_stderr` bytes) concurrently, then waits for the exit status.
+    async fn exchange(
+        &mut self,
+        input: Vec<u8>,
+        max_stdout: usize,
+        keep_stderr: usize,
+    ) -> Result<Output, ToolError> {
+        let stdin = self.child.stdin.take();
+        let stdout = self.child.stdout.take();
+        let stderr = self.child.stderr.take();
+        let (stdout, stderr, ()) = tokio::try_join!(
+            read_capped(stdout, max_stdout),
+            async { Ok(read_tail(stderr, keep_stderr).await) },
+            async {
+                write_input(stdin, &input).await;
+                Ok(())
+            },
+        )?;
+        let status = self
+            .child
+            .wait()
+            .await
+            .map_err(|_| ToolError::Failed("tool could not be waited for".into()))?;
+        Ok(Output {
+            status,
+            stdout,
+            stderr,
+        })
+    }
+
+    /// Kills the command and everything in its process group, and reaps it.
+    async fn kill(&mut self) {
+        self.kill_group();
+        // Kills the command itself (where groups are not available) and waits for it.
+        if let Err(err) = self.child.kill().await {
+            tracing::warn!(error = %err, "command tool could not be killed");
+        }
+    }
+
+    /// Sends SIGKILL to the command's process group. Only while the command is unreaped:
+    /// until then its pid, which is the group id, cannot be reused.
+    #[cfg(unix)]
+    fn kill_group(&self) {
+        use rustix::process::{Pid, Signal, kill_process_group};
+        let group = self
+            .child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .and_then(Pid::from_raw);
+        if let Some(group) = group {
+            // ESRCH (everything already gone) is fine.
+            let _ = kill_process_group(group, Signal::KILL);
+        }
+    }
+
+    #[cfg(not(unix))]
+    fn kill_group(&self) {}
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        // A cancelled call (the broker's own deadline) must not leave the group running;
+        // `kill_on_drop` then kills the command itself and tokio reaps it.
+        self.kill_group();
+    }
+}
+
+impl Output {
+    fn into_result(self) -> Result<Value, ToolError> {
+        if self.status.success() {
+            serde_json::from_slice(&self.stdout)
+                .map_err(|_| ToolError::Failed("tool returned invalid JSON".into()))
+        } else {
+            Err(ToolError::Failed(failure_message(
+                self.status,
+                &self.stderr,
+            )))
+        }
+    }
+}
+
+/// The message for a command that did not exit with status 0.
+fn failure_message(status: ExitStatus, stderr: &[u8]) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(signal) = status.signal() {
+            return format!("tool was killed by signal {signal}");
+        }
+    }
+    if let Some(line) = last_line(stderr) {
+        return line;
+    }
+    match status.code() {
+        Some(code) => format!("tool exited with status {code}"),
+        None => "tool failed".to_owned(),
+    }
+}
+
+/// The last non-empty line of `stderr`, trimmed, without control characters, at most
+/// [`MAX_ERROR_CHARS`] characters.
+fn last_line(stderr: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(stderr);
+    let line = text.lines().map(str::trim).rfind(|l| !l.is_empty())?;
+    Some(
+        line.chars()
+            .filter(|c| !c.is_control())
+            .take(MAX_ERROR_CHARS)
+            .collect(),
+    )
+}
+
+/// Reads `reader` to its end, failing as soon as it yields more than `cap` bytes.
+async fn read_capped<R: AsyncRead + Unpin>(
+    reader: Option<R>,
+    cap: usize,
+) -> Result<Vec<u8>, ToolError> {
+    let Some(mut reader) = reader else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    let mut chunk = vec![0; READ_CHUNK];
+    loop {
+        let n = reader
+            .read(&mut chunk)
+            .await
+            .map_err(|_| ToolError::Failed("tool output could not be read".into()))?;
+        if n == 0 {
+            return Ok(out);
+        }
+        if n > cap - out.len() {
+            return Err(ToolError::Failed(format!(
+                "tool output exceeds {cap} bytes"
+            )));
+        }
+        out.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Reads `reader` to its end (or first error), keeping only the last `keep` bytes.
+async fn read_tail<R: AsyncRead + Unpin>(reader: Option<R>, keep: usize) -> Vec<u8> {
+    let Some(mut reader) = reader else {
+        return Vec::new();
+    };
+    let mut tail = Vec::new();
+    let mut chunk = vec![0; READ_CHUNK];
+    while let Ok(n @ 1..) = reader.read(&mut chunk).await {
+        tail.extend_from_slice(&chunk[..n]);
+        if tail.len() > keep {
+            tail.drain(..tail.len() - keep);
+        }
+    }
+    tail
+}
+
+/// Writes `input` to the command's stdin and closes it. A command that exits without
+/// reading its input is not an error here; its exit status speaks for it.
+async fn write_input(stdin: Option<ChildStdin>, input: &[u8]) {
+    if let Some(mut stdin) = stdin {
+        let _ = stdin.write_all(input).await;
+    }
+}
+
+#[cfg(test)]
+#[path = "command_tests.rs"]
+mod tests;

@@ -1,0 +1,70 @@
+//! The [`Backend`] trait: one way to run a guest.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use crate::broker::Broker;
+use crate::{Limits, RunResult};
+
+/// One run as a backend receives it: already validated by the [`Runner`](crate::Runner).
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The Python source.
+    pub code: String,
+    /// Initial global variables (names are identifiers, values are JSON).
+    pub vars: Map<String, Value>,
+    /// The run's limits.
+    pub limits: Limits,
+}
+
+/// Whether a backend can run on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Availability {
+    /// It can run here.
+    Available,
+    /// It cannot run here; the reason says why (binary missing, wrong OS, ...).
+    Unavailable(String),
+}
+
+impl Availability {
+    /// True when available.
+    pub fn is_available(&self) -> bool {
+        matches!(self, Availability::Available)
+    }
+}
+
+impl fmt::Display for Availability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Availability::Available => f.write_str("available"),
+            Availability::Unavailable(why) => write!(f, "unavailable: {why}"),
+        }
+    }
+}
+
+/// The future a backend's run returns.
+pub type RunFuture<'a> = Pin<Box<dyn Future<Output = RunResult> + Send + 'a>>;
+
+/// One way to run a guest: wasm in-process, or an operating-system sandbox.
+///
+/// Every backend enforces the job's [`Limits`] on the host side, reaches host tools only
+/// through the run's [`Broker`], and reports the same [`RunResult`]. A backend never panics on
+/// guest behaviour; its failures are `backend_error` results.
+pub trait Backend: Send + Sync + 'static {
+    /// The backend's name, as `--backend` takes it.
+    fn name(&self) -> &'static str;
+
+    /// True when the backend puts an isolation boundary between the guest and the host. The
+    /// [`Runner`](crate::Runner) refuses a backend without one unless explicitly allowed.
+    fn provides_isolation(&self) -> bool;
+
+    /// Whether the backend can run here, and if not, why.
+    fn availability(&self) -> Availability;
+
+    /// Runs one job. The broker is the only channel to host tools.
+    fn run(&self, job: Job, broker: Arc<Broker>) -> RunFuture<'_>;
+}

@@ -1,0 +1,263 @@
+//! The [`Broker`]: the host-side gate every tool call of a run passes.
+//!
+//! # Security
+//!
+//! The broker is the guest's only way to make the host act. Every check happens here, on the
+//! host, in this order, before a tool sees anything:
+//!
+//! 1. the run is still live (no calls after its result);
+//! 2. the arguments' size is within the cap (checked on the raw text, before parsing);
+//! 3. the name resolves exactly to an exposed tool (no trimming, no case folding);
+//! 4. the arguments parse as a JSON object;
+//! 5. the call ceiling admits one more call (an atomic check-and-increment);
+//!
+//! then the tool runs under the per-call timeout, with panics caught, and its result's size is
+//! capped before it crosses back. Calls refused by 1–4 are not counted against the ceiling;
+//! calls that execute count even when the tool fails. Each call emits one audit event on the
+//! `pycage::audit` tracing target.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use pycage_tools::{Args, ToolError};
+use serde_json::Value;
+
+use crate::Limits;
+use crate::policy::ExposedTools;
+
+/// Why the broker refused or failed a call. Mirrors the WIT `tool-error` variant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallError {
+    /// No exposed tool has that name.
+    NotFound(String),
+    /// The arguments are not a JSON object or do not fit the tool.
+    InvalidArguments(String),
+    /// The run is over, or the policy refuses the call.
+    Denied(String),
+    /// The tool failed, timed out or panicked.
+    Failed(String),
+    /// The call ceiling or a byte cap was reached.
+    LimitExceeded(String),
+}
+
+impl CallError {
+    /// The short message shown to the guest.
+    pub fn message(&self) -> &str {
+        match self {
+            CallError::NotFound(m)
+            | CallError::InvalidArguments(m)
+            | CallError::Denied(m)
+            | CallError::Failed(m)
+            | CallError::LimitExceeded(m) => m,
+        }
+    }
+
+    /// The kind's wire name (`not-found`, `invalid-arguments`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CallError::NotFound(_) => "not-found",
+            CallError::InvalidArguments(_) => "invalid-arguments",
+            CallError::Denied(_) => "denied",
+            CallError::Failed(_) => "failed",
+            CallError::LimitExceeded(_) => "limit-exceeded",
+        }
+    }
+}
+
+/// The limits the broker applies, taken from the run's [`Limits`].
+#[derive(Debug, Clone, Copy)]
+struct CallLimits {
+    max_calls: u32,
+    timeout: Duration,
+    max_args_bytes: u64,
+    max_result_bytes: u64,
+}
+
+/// The gate between one run's guest and the host's tools. One per run; shared by reference
+/// with the backend that runs the guest.
+#[derive(Debug)]
+pub struct Broker {
+    run_id: String,
+    tools: ExposedTools,
+    limits: CallLimits,
+    executed: AtomicU32,
+    ceiling_hit: AtomicBool,
+    finished: AtomicBool,
+}
+
+impl Broker {
+    /// A broker for one run exposing `tools` under `limits`. `run_id` tags the audit events.
+    pub fn new(run_id: impl Into<String>, tools: ExposedTools, limits: &Limits) -> Self {
+        Broker {
+            run_id: run_id.into(),
+            tools,
+            limits: CallLimits {
+                max_calls: limits.max_tool_calls(),
+                timeout: limits.tool_timeout(),
+                max_args_bytes: limits.max_tool_args_bytes(),
+                max_result_bytes: limits.max_tool_result_bytes(),
+            },
+            executed: AtomicU32::new(0),
+            ceiling_hit: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    /// The run's id, as in the audit events.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// The tools this run exposes.
+    pub fn tools(&self) -> &ExposedTools {
+        &self.tools
+    }
+
+    /// How many calls have executed.
+    pub fn executed(&self) -> u32 {
+        self.executed.load(Ordering::SeqCst)
+    }
+
+    /// True when a call was refused because the ceiling was reached.
+    pub fn ceiling_hit(&self) -> bool {
+        self.ceiling_hit.load(Ordering::SeqCst)
+    }
+
+    /// Marks the run as over: every later call is denied.
+    pub fn finish(&self) {
+        self.finished.store(true, Ordering::SeqCst);
+    }
+
+    /// Handles one call from the guest: `name` as the guest wrote it, `args_json` as raw text.
+    ///
+    /// # Errors
+    ///
+    /// A [`CallError`] whose message is safe to show to the guest.
+    pub async fn call(&self, name: &str, args_json: &str) -> Result<String, CallError> {
+        let started = Instant::now();
+        let outcome = self.call_inner(name, args_json).await;
+        let (outcome_kind, result_bytes) = match &outcome {
+            Ok(text) => ("ok", text.len()),
+            Err(e) => (e.kind(), 0),
+        };
+        tracing::info!(
+            target: "pycage::audit",
+            run = %self.run_id,
+            tool = %printable(name),
+            outcome = outcome_kind,
+            args_bytes = args_json.len(),
+            result_bytes,
+            micros = started.elapsed().as_micros() as u64,
+            executed = self.executed(),
+            "tool call"
+        );
+        outcome
+    }
+
+    async fn call_inner(&self, name: &str, args_json: &str) -> Result<String, CallError> {
+        if self.finished.load(Ordering::SeqCst) {
+            return Err(CallError::Denied("the run has finished".into()));
+        }
+        if args_json.len() as u64 > self.limits.max_args_bytes {
+            return Err(CallError::LimitExceeded(format!(
+                "tool arguments are {} bytes; the limit is {}",
+                args_json.len(),
+                self.limits.max_args_bytes
+            )));
+        }
+        let Some(tool) = self.tools.lookup(name) else {
+            return Err(CallError::NotFound(format!(
+                "tool `{}` is not available",
+                printable(name)
+            )));
+        };
+        let args: Args = match serde_json::from_str::<Value>(args_json) {
+            Ok(Value::Object(map)) => map,
+            Ok(_) => {
+                return Err(CallError::InvalidArguments(
+                    "arguments must be a JSON object".into(),
+                ));
+            }
+            Err(_) => return Err(CallError::InvalidArguments("arguments are not JSON".into())),
+        };
+        self.admit()?;
+        let timeout = tool
+            .timeout()
+            .map_or(self.limits.timeout, |t| t.min(self.limits.timeout));
+        let result = tokio::time::timeout(timeout, CatchUnwind(tool.call(args))).await;
+        let value = match result {
+            Err(_) => {
+                return Err(CallError::Failed(format!(
+                    "tool timed out after {}",
+                    pycage_tools::units::format_duration(timeout)
+                )));
+            }
+            Ok(Err(())) => return Err(CallError::Failed("tool crashed".into())),
+            Ok(Ok(Err(ToolError::InvalidArguments(m)))) => {
+                return Err(CallError::InvalidArguments(m));
+            }
+            Ok(Ok(Err(e))) => return Err(CallError::Failed(e.message().to_owned())),
+            Ok(Ok(Ok(value))) => value,
+        };
+        let text = serde_json::to_string(&value)
+            .map_err(|_| CallError::Failed("tool result is not JSON".into()))?;
+        if text.len() as u64 > self.limits.max_result_bytes {
+            return Err(CallError::LimitExceeded(format!(
+                "tool result is {} bytes; the limit is {}",
+                text.len(),
+                self.limits.max_result_bytes
+            )));
+        }
+        Ok(text)
+    }
+
+    /// The atomic check-and-increment of the call ceiling.
+    fn admit(&self) -> Result<(), CallError> {
+        let max = self.limits.max_calls;
+        self.executed
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map(drop)
+            .map_err(|_| {
+                self.ceiling_hit.store(true, Ordering::SeqCst);
+                CallError::LimitExceeded(format!("tool call limit reached ({max} calls)"))
+            })
+    }
+}
+
+/// A guest-supplied name made safe for messages and logs: control characters escaped, at most
+/// 64 characters.
+fn printable(name: &str) -> String {
+    let mut out: String = name.chars().take(64).flat_map(char::escape_debug).collect();
+    if name.chars().nth(64).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// Polls a tool's future with panics caught, so a panicking tool fails its call instead of
+/// taking the run (or the host) down.
+struct CatchUnwind<F>(F);
+
+impl<F: Future + Unpin> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, ()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = &mut self.0;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(inner).poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Err(_) => Poll::Ready(Err(())),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "broker_tests.rs"]
+mod tests;

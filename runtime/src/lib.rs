@@ -1,0 +1,44 @@
+//! pycage runs untrusted Python behind a real isolation boundary.
+//!
+//! The default boundary is WebAssembly: CPython compiled to WASI, packaged as a component and
+//! run by wasmtime in this process with fuel, memory and wall-clock limits. The guest reaches
+//! the host only through one import, `call-tool`, which passes the run's [`Broker`]:
+//! allowlist, namespace pinning, call ceiling, byte caps, per-call timeouts and an audit event
+//! per call.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use pycage::{Runner, ToolPolicy};
+//! use pycage_tools::ToolRegistry;
+//!
+//! let runner = Runner::builder()
+//!     .tools(ToolRegistry::with_builtins())
+//!     .policy(ToolPolicy::new().namespace("math"))
+//!     .build()?;
+//! let result = runner
+//!     .run("total = 0\nfor i in range(1, 6):\n    r = await add(a=str(total), b=str(i))\n    total = r['sum']\nreturn total")
+//!     .await;
+//! assert!(result.ok);
+//! assert_eq!(result.value, 15);
+//! assert_eq!(result.tool_calls, 5);
+//! # Ok(()) }
+//! ```
+
+#![deny(missing_docs)]
+
+pub mod backend;
+pub mod broker;
+mod limits;
+pub mod policy;
+mod result;
+mod runner;
+pub mod wasm;
+
+pub use backend::{Availability, Backend, Job};
+pub use broker::{Broker, CallError};
+pub use limits::{Limits, LimitsBuilder, LimitsError, MAX_MEMORY_BYTES, MIN_MEMORY_BYTES};
+pub use policy::{ExposedTools, PolicyError, ToolPolicy};
+pub use pycage_tools;
+pub use result::{ErrorKind, RunError, RunResult};
+pub use runner::{BuildError, Runner, RunnerBuilder};
+pub use wasm::WasmBackend;

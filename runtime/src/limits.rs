@@ -1,0 +1,318 @@
+//! [`Limits`]: what one run may consume, validated at construction.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The resource limits of one run.
+///
+/// Every backend enforces them on the host side; the guest never sees or enforces its own
+/// limits. Build with [`Limits::builder`] (invalid values are rejected there) or take
+/// [`Limits::default`]:
+///
+/// | limit | default |
+/// |---|---|
+/// | `wall_timeout` | 30 s |
+/// | `memory_bytes` | 256 MiB |
+/// | `max_output_bytes` (each of stdout and stderr) | 64 KiB |
+/// | `max_tool_calls` | 100 |
+/// | `fuel` | none (consumption is still measured) |
+/// | `tool_timeout` (one tool call) | 30 s |
+/// | `max_tool_args_bytes` | 1 MiB |
+/// | `max_tool_result_bytes` | 4 MiB |
+/// | `max_value_bytes` (the return value's JSON) | 4 MiB |
+/// | `max_code_bytes` | 16 MiB |
+///
+/// ```
+/// use std::time::Duration;
+/// let limits = pycage::Limits::builder()
+///     .wall_timeout(Duration::from_secs(5))
+///     .fuel(Some(1_000_000_000))
+///     .build()?;
+/// assert_eq!(limits.max_tool_calls(), 100);
+/// # Ok::<(), pycage::LimitsError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "LimitsBuilder", into = "LimitsBuilder")]
+pub struct Limits {
+    wall_timeout: Duration,
+    memory_bytes: u64,
+    max_output_bytes: u64,
+    max_tool_calls: u32,
+    fuel: Option<u64>,
+    tool_timeout: Duration,
+    max_tool_args_bytes: u64,
+    max_tool_result_bytes: u64,
+    max_value_bytes: u64,
+    max_code_bytes: u64,
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// The largest memory limit: a 32-bit guest cannot address more than 4 GiB.
+pub const MAX_MEMORY_BYTES: u64 = 4 * 1024 * MIB;
+
+/// The smallest memory limit the Python guest can start in.
+pub const MIN_MEMORY_BYTES: u64 = 64 * MIB;
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            wall_timeout: Duration::from_secs(30),
+            memory_bytes: 256 * MIB,
+            max_output_bytes: 64 * 1024,
+            max_tool_calls: 100,
+            fuel: None,
+            tool_timeout: Duration::from_secs(30),
+            max_tool_args_bytes: MIB,
+            max_tool_result_bytes: 4 * MIB,
+            max_value_bytes: 4 * MIB,
+            max_code_bytes: 16 * MIB,
+        }
+    }
+}
+
+impl Limits {
+    /// A builder starting from the defaults.
+    pub fn builder() -> LimitsBuilder {
+        LimitsBuilder::from(Limits::default())
+    }
+
+    /// The wall-clock limit of the whole run, including time blocked in tool calls.
+    pub fn wall_timeout(&self) -> Duration {
+        self.wall_timeout
+    }
+    /// The most linear memory (and host memory on the guest's behalf) the guest may use.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
+    }
+    /// The most bytes kept of each of stdout and stderr (head and tail; the middle is cut).
+    pub fn max_output_bytes(&self) -> u64 {
+        self.max_output_bytes
+    }
+    /// The most tool calls the run may execute.
+    pub fn max_tool_calls(&self) -> u32 {
+        self.max_tool_calls
+    }
+    /// The fuel budget (roughly, wasm instructions), if any.
+    pub fn fuel(&self) -> Option<u64> {
+        self.fuel
+    }
+    /// The time limit of one tool call.
+    pub fn tool_timeout(&self) -> Duration {
+        self.tool_timeout
+    }
+    /// The most bytes of JSON arguments one tool call may pass.
+    pub fn max_tool_args_bytes(&self) -> u64 {
+        self.max_tool_args_bytes
+    }
+    /// The most bytes of JSON one tool call may return to the guest.
+    pub fn max_tool_result_bytes(&self) -> u64 {
+        self.max_tool_result_bytes
+    }
+    /// The most bytes the JSON of the run's return value may take.
+    pub fn max_value_bytes(&self) -> u64 {
+        self.max_value_bytes
+    }
+    /// The most bytes of source code a run accepts.
+    pub fn max_code_bytes(&self) -> u64 {
+        self.max_code_bytes
+    }
+}
+
+/// Builds [`Limits`]; [`LimitsBuilder::build`] validates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[allow(missing_docs)]
+pub struct LimitsBuilder {
+    #[serde(with = "serde_duration")]
+    pub wall_timeout: Duration,
+    pub memory_bytes: u64,
+    pub max_output_bytes: u64,
+    pub max_tool_calls: u32,
+    pub fuel: Option<u64>,
+    #[serde(with = "serde_duration")]
+    pub tool_timeout: Duration,
+    pub max_tool_args_bytes: u64,
+    pub max_tool_result_bytes: u64,
+    pub max_value_bytes: u64,
+    pub max_code_bytes: u64,
+}
+
+impl Default for LimitsBuilder {
+    fn default() -> Self {
+        Limits::default().into()
+    }
+}
+
+impl From<Limits> for LimitsBuilder {
+    fn from(l: Limits) -> Self {
+        LimitsBuilder {
+            wall_timeout: l.wall_timeout,
+            memory_bytes: l.memory_bytes,
+            max_output_bytes: l.max_output_bytes,
+            max_tool_calls: l.max_tool_calls,
+            fuel: l.fuel,
+            tool_timeout: l.tool_timeout,
+            max_tool_args_bytes: l.max_tool_args_bytes,
+            max_tool_result_bytes: l.max_tool_result_bytes,
+            max_value_bytes: l.max_value_bytes,
+            max_code_bytes: l.max_code_bytes,
+        }
+    }
+}
+
+impl TryFrom<LimitsBuilder> for Limits {
+    type Error = LimitsError;
+    fn try_from(b: LimitsBuilder) -> Result<Self, LimitsError> {
+        b.build()
+    }
+}
+
+macro_rules! setter {
+    ($(#[$doc:meta])* $name:ident: $ty:ty) => {
+        $(#[$doc])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.$name = value;
+            self
+        }
+    };
+}
+
+impl LimitsBuilder {
+    setter!(
+        /// Sets the wall-clock limit; must be more than zero.
+        wall_timeout: Duration
+    );
+    setter!(
+        /// Sets the memory limit; between 64 MiB and 4 GiB.
+        memory_bytes: u64
+    );
+    setter!(
+        /// Sets the output cap of each stream; zero keeps no output.
+        max_output_bytes: u64
+    );
+    setter!(
+        /// Sets the call ceiling; zero allows no tool calls.
+        max_tool_calls: u32
+    );
+    setter!(
+        /// Sets the fuel budget; `None` meters without a budget. `Some(0)` is rejected.
+        fuel: Option<u64>
+    );
+    setter!(
+        /// Sets the time limit of one tool call; must be more than zero.
+        tool_timeout: Duration
+    );
+    setter!(
+        /// Sets the cap on one call's JSON arguments; must be more than zero.
+        max_tool_args_bytes: u64
+    );
+    setter!(
+        /// Sets the cap on one call's JSON result; must be more than zero.
+        max_tool_result_bytes: u64
+    );
+    setter!(
+        /// Sets the cap on the return value's JSON; must be more than zero.
+        max_value_bytes: u64
+    );
+    setter!(
+        /// Sets the cap on the source code; must be more than zero.
+        max_code_bytes: u64
+    );
+
+    /// Validates and returns the limits.
+    ///
+    /// # Errors
+    ///
+    /// [`LimitsError`] naming the first invalid field and why.
+    pub fn build(self) -> Result<Limits, LimitsError> {
+        let err = |field, reason: String| Err(LimitsError { field, reason });
+        if self.wall_timeout.is_zero() {
+            return err("wall_timeout", "must be more than zero".into());
+        }
+        if self.tool_timeout.is_zero() {
+            return err("tool_timeout", "must be more than zero".into());
+        }
+        if !(MIN_MEMORY_BYTES..=MAX_MEMORY_BYTES).contains(&self.memory_bytes) {
+            return err(
+                "memory_bytes",
+                format!(
+                    "must be between {MIN_MEMORY_BYTES} (64 MiB) and {MAX_MEMORY_BYTES} (4 GiB) bytes, got {}",
+                    self.memory_bytes
+                ),
+            );
+        }
+        if self.fuel == Some(0) {
+            return err("fuel", "must be more than zero (or unset)".into());
+        }
+        for (field, value) in [
+            ("max_tool_args_bytes", self.max_tool_args_bytes),
+            ("max_tool_result_bytes", self.max_tool_result_bytes),
+            ("max_value_bytes", self.max_value_bytes),
+            ("max_code_bytes", self.max_code_bytes),
+        ] {
+            if value == 0 {
+                return err(field, "must be more than zero".into());
+            }
+            if value > MAX_MEMORY_BYTES {
+                return err(field, "must not exceed 4 GiB".into());
+            }
+        }
+        Ok(Limits {
+            wall_timeout: self.wall_timeout,
+            memory_bytes: self.memory_bytes,
+            max_output_bytes: self.max_output_bytes,
+            max_tool_calls: self.max_tool_calls,
+            fuel: self.fuel,
+            tool_timeout: self.tool_timeout,
+            max_tool_args_bytes: self.max_tool_args_bytes,
+            max_tool_result_bytes: self.max_tool_result_bytes,
+            max_value_bytes: self.max_value_bytes,
+            max_code_bytes: self.max_code_bytes,
+        })
+    }
+}
+
+/// An invalid limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitsError {
+    field: &'static str,
+    reason: String,
+}
+
+impl LimitsError {
+    /// The name of the invalid field.
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+}
+
+impl fmt::Display for LimitsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid limit `{}`: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for LimitsError {}
+
+/// Durations in limits files are strings with a unit (`"30s"`, `"500ms"`).
+mod serde_duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&pycage_tools::units::format_duration(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        pycage_tools::units::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+#[path = "limits_tests.rs"]
+mod tests;

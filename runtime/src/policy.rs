@@ -1,0 +1,213 @@
+//! [`ToolPolicy`]: which registered tools a run exposes, resolved once into [`ExposedTools`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use pycage_tools::{Tool, ToolRegistry};
+use serde::{Deserialize, Serialize};
+
+/// Which tools the guest may call. Deny by default: the empty policy exposes nothing.
+///
+/// * `namespace` alone exposes every tool of that namespace;
+/// * `allow` alone exposes exactly the listed tools, each a bare `name` (which must be unique
+///   across namespaces) or a qualified `namespace.name`;
+/// * both pin the namespace and narrow it to the listed tools, which must lie inside it.
+///
+/// ```
+/// let policy = pycage::ToolPolicy::new().namespace("math").allow("add");
+/// let exposed = policy.resolve(&pycage_tools::ToolRegistry::with_builtins())?;
+/// assert_eq!(exposed.qualified_names(), ["math.add"]);
+/// # Ok::<(), pycage::PolicyError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolPolicy {
+    /// The pinned namespace, if any.
+    pub namespace: Option<String>,
+    /// The allowlist entries; empty means "the whole namespace" when one is pinned.
+    pub allow: Vec<String>,
+}
+
+impl ToolPolicy {
+    /// The empty policy: no tool is exposed.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Pins the namespace.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Adds an allowlist entry (bare `name` or `namespace.name`).
+    pub fn allow(mut self, entry: impl Into<String>) -> Self {
+        self.allow.push(entry.into());
+        self
+    }
+
+    /// Resolves the policy against a registry.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError`] when the namespace has no tools, an entry names no tool, a bare entry is
+    /// ambiguous, or an entry lies outside the pinned namespace. Typos fail loudly here rather
+    /// than silently exposing nothing.
+    pub fn resolve(&self, registry: &ToolRegistry) -> Result<ExposedTools, PolicyError> {
+        let mut chosen: BTreeMap<String, Arc<dyn Tool>> = BTreeMap::new();
+        if let Some(ns) = &self.namespace
+            && !registry.iter().any(|t| t.namespace() == ns)
+        {
+            return Err(PolicyError(format!(
+                "no registered tool is in namespace `{ns}`"
+            )));
+        }
+        if self.allow.is_empty()
+            && let Some(ns) = &self.namespace
+        {
+            for tool in registry.iter().filter(|t| t.namespace() == ns) {
+                chosen.insert(qualified(tool.as_ref()), tool.clone());
+            }
+        }
+        for entry in &self.allow {
+            let tool = self.resolve_entry(registry, entry)?;
+            chosen.insert(qualified(tool.as_ref()), tool);
+        }
+        Ok(ExposedTools::new(chosen))
+    }
+
+    fn resolve_entry(
+        &self,
+        registry: &ToolRegistry,
+        entry: &str,
+    ) -> Result<Arc<dyn Tool>, PolicyError> {
+        let entry = entry.trim();
+        if let Some((ns, name)) = entry.split_once('.') {
+            if let Some(pinned) = &self.namespace
+                && pinned != ns
+            {
+                return Err(PolicyError(format!(
+                    "allowed tool `{entry}` is outside the pinned namespace `{pinned}`"
+                )));
+            }
+            return registry
+                .get(ns, name)
+                .cloned()
+                .ok_or_else(|| PolicyError(format!("allowed tool `{entry}` is not registered")));
+        }
+        let mut matches = registry.iter().filter(|t| {
+            t.name() == entry
+                && self
+                    .namespace
+                    .as_deref()
+                    .is_none_or(|ns| t.namespace() == ns)
+        });
+        match (matches.next(), matches.next()) {
+            (Some(tool), None) => Ok(tool.clone()),
+            (None, _) => Err(PolicyError(match &self.namespace {
+                Some(ns) => format!("allowed tool `{entry}` is not registered in namespace `{ns}`"),
+                None => format!("allowed tool `{entry}` is not registered"),
+            })),
+            (Some(a), Some(b)) => Err(PolicyError(format!(
+                "allowed tool `{entry}` is ambiguous (`{}` and `{}`); write `namespace.{entry}`",
+                qualified(a.as_ref()),
+                qualified(b.as_ref())
+            ))),
+        }
+    }
+}
+
+fn qualified(tool: &dyn Tool) -> String {
+    format!("{}.{}", tool.namespace(), tool.name())
+}
+
+/// A policy that does not fit the registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError(String);
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+/// The tools one run exposes, with the names the guest may use for each.
+///
+/// A tool is reachable by its qualified name `namespace.name`, and by its bare name when no
+/// other exposed tool shares it. Lookup is exact: no case folding, no trimming.
+#[derive(Clone, Default)]
+pub struct ExposedTools {
+    by_name: BTreeMap<String, Arc<dyn Tool>>,
+    bindings: Vec<Binding>,
+}
+
+/// How the guest sees one exposed tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Binding {
+    /// The global name of the async function in the code; `None` when the bare name is
+    /// ambiguous and only `call_tool("namespace.name")` reaches the tool.
+    pub binding: Option<String>,
+    /// `namespace.name`.
+    pub qualified: String,
+    /// The tool's one-line description.
+    pub description: String,
+}
+
+impl fmt::Debug for ExposedTools {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.bindings.iter().map(|b| &b.qualified))
+            .finish()
+    }
+}
+
+impl ExposedTools {
+    fn new(chosen: BTreeMap<String, Arc<dyn Tool>>) -> Self {
+        let mut bare_count: BTreeMap<&str, usize> = BTreeMap::new();
+        for tool in chosen.values() {
+            *bare_count.entry(tool.name()).or_default() += 1;
+        }
+        let mut by_name = BTreeMap::new();
+        let mut bindings = Vec::new();
+        for (q, tool) in &chosen {
+            let unique = bare_count[tool.name()] == 1;
+            if unique {
+                by_name.insert(tool.name().to_owned(), tool.clone());
+            }
+            by_name.insert(q.clone(), tool.clone());
+            bindings.push(Binding {
+                binding: unique.then(|| tool.name().to_owned()),
+                qualified: q.clone(),
+                description: tool.description().to_owned(),
+            });
+        }
+        ExposedTools { by_name, bindings }
+    }
+
+    /// The exposed tool the guest's `name` refers to, matched exactly.
+    pub fn lookup(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.by_name.get(name)
+    }
+
+    /// How the guest sees each exposed tool, ordered by qualified name.
+    pub fn bindings(&self) -> &[Binding] {
+        &self.bindings
+    }
+
+    /// The qualified names of the exposed tools.
+    pub fn qualified_names(&self) -> Vec<&str> {
+        self.bindings.iter().map(|b| b.qualified.as_str()).collect()
+    }
+
+    /// True when nothing is exposed.
+    pub fn is_empty(&self) -> bool {
+        self.bindings.is_empty()
+    }
+}
+
+#[cfg(test)]
+#[path = "policy_tests.rs"]
+mod tests;

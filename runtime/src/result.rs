@@ -1,0 +1,160 @@
+//! [`RunResult`]: what one run produced, and [`RunError`]: why it produced no value.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The outcome of one run. Serialized as one JSON object with these field names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// True when the code ran to the end (or returned) and its value crossed back.
+    pub ok: bool,
+    /// The code's return value, as JSON (`null` when it returned nothing or failed).
+    pub value: Value,
+    /// What the guest wrote to stdout, head and tail kept within the output cap.
+    pub stdout: String,
+    /// What the guest wrote to stderr, head and tail kept within the output cap.
+    pub stderr: String,
+    /// True when stdout went over the cap and its middle was cut.
+    pub stdout_truncated: bool,
+    /// True when stderr went over the cap and its middle was cut.
+    pub stderr_truncated: bool,
+    /// Why the run produced no value; `None` when `ok`.
+    pub error: Option<RunError>,
+    /// How many tool calls were executed (refused calls are not counted).
+    pub tool_calls: u32,
+    /// Fuel consumed, where the backend meters it (the wasm backend always does).
+    pub fuel_consumed: Option<u64>,
+    /// Wall-clock time of the run, from the request to the result.
+    #[serde(with = "duration_ms")]
+    pub duration: Duration,
+    /// The backend that ran the code.
+    pub backend: String,
+    /// True when the wall-clock limit ended the run.
+    pub timed_out: bool,
+}
+
+impl RunResult {
+    /// A failed result with nothing else to report; used before a guest has run.
+    pub fn failed(backend: &str, error: RunError, duration: Duration) -> Self {
+        RunResult {
+            ok: false,
+            value: Value::Null,
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            timed_out: error.kind == ErrorKind::Timeout,
+            error: Some(error),
+            tool_calls: 0,
+            fuel_consumed: None,
+            duration,
+            backend: backend.to_owned(),
+        }
+    }
+}
+
+/// Why a run produced no value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunError {
+    /// What kind of failure.
+    pub kind: ErrorKind,
+    /// One short line; never host paths, host backtraces or panic texts.
+    pub message: String,
+    /// The guest's traceback, limited to the user's code, where there is one.
+    pub traceback: Option<String>,
+    /// The Python exception type that ended the run (`ZeroDivisionError`), where there is one.
+    pub exception: Option<String>,
+}
+
+impl RunError {
+    /// An error of `kind` with `message` and no traceback.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        RunError {
+            kind,
+            message: message.into(),
+            traceback: None,
+            exception: None,
+        }
+    }
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// The kinds of run failure. Serialized in snake_case (`"fuel_exhausted"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The wall-clock limit ended the run.
+    Timeout,
+    /// The fuel budget ran out.
+    FuelExhausted,
+    /// The guest asked for more memory than the limit allows.
+    MemoryLimit,
+    /// The guest's stack overflowed (deeper than the interpreter could catch).
+    StackOverflow,
+    /// The code hit the run's tool-call ceiling and did not recover.
+    ToolCallLimit,
+    /// The return value's JSON is larger than the limit.
+    ValueTooLarge,
+    /// The code raised an exception it did not catch.
+    GuestException,
+    /// The code does not compile.
+    SyntaxError,
+    /// The request is unusable: code too large or not text, bad variables, bad settings.
+    InvalidInput,
+    /// The guest used a capability the sandbox does not grant.
+    CapabilityDenied,
+    /// The sandbox itself failed (could not start, crashed, or is unavailable here).
+    BackendError,
+}
+
+impl ErrorKind {
+    /// The snake_case name, as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::FuelExhausted => "fuel_exhausted",
+            ErrorKind::MemoryLimit => "memory_limit",
+            ErrorKind::StackOverflow => "stack_overflow",
+            ErrorKind::ToolCallLimit => "tool_call_limit",
+            ErrorKind::ValueTooLarge => "value_too_large",
+            ErrorKind::GuestException => "guest_exception",
+            ErrorKind::SyntaxError => "syntax_error",
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::CapabilityDenied => "capability_denied",
+            ErrorKind::BackendError => "backend_error",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Durations serialize as fractional milliseconds (`"duration": 1.25`).
+mod duration_ms {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64() * 1000.0)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let ms = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(ms / 1000.0).map_err(serde::de::Error::custom)
+    }
+}

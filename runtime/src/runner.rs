@@ -1,0 +1,258 @@
+//! [`Runner`]: the public entry point. One runner serves many runs, concurrently.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use pycage_tools::ToolRegistry;
+use serde_json::{Map, Value};
+
+use crate::backend::{Backend, Job};
+use crate::broker::Broker;
+use crate::policy::{ExposedTools, PolicyError, ToolPolicy};
+use crate::{ErrorKind, Limits, RunError, RunResult};
+
+/// Runs untrusted Python behind a backend, with limits and a brokered set of tools.
+///
+/// Cheap to clone; clones share the backend (and its compiled guest).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), pycage::BuildError> {
+/// use pycage::{Runner, ToolPolicy};
+/// let runner = Runner::builder()
+///     .tools(pycage_tools::ToolRegistry::with_builtins())
+///     .policy(ToolPolicy::new().namespace("math"))
+///     .build()?;
+/// let result = runner.run("return (await add(a=1, b=2))['sum']").await;
+/// assert_eq!(result.value, serde_json::json!(3));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Runner {
+    inner: Arc<RunnerInner>,
+}
+
+struct RunnerInner {
+    backend: Arc<dyn Backend>,
+    exposed: ExposedTools,
+    limits: Limits,
+}
+
+impl fmt::Debug for Runner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runner")
+            .field("backend", &self.inner.backend.name())
+            .field("tools", &self.inner.exposed)
+            .field("limits", &self.inner.limits)
+            .finish()
+    }
+}
+
+impl Runner {
+    /// A builder with the defaults: the wasm backend, no tools exposed, default limits.
+    pub fn builder() -> RunnerBuilder {
+        RunnerBuilder::default()
+    }
+
+    /// The runner's default limits.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// The backend this runner uses.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// The tools each run exposes.
+    pub fn exposed_tools(&self) -> &ExposedTools {
+        &self.inner.exposed
+    }
+
+    /// Runs `code` in a fresh sandbox with the runner's limits and no initial variables.
+    pub async fn run(&self, code: &str) -> RunResult {
+        self.run_with(code, Map::new(), &self.inner.limits).await
+    }
+
+    /// Runs `code` with initial global variables `vars` and the given limits.
+    ///
+    /// Every run gets a fresh guest: nothing leaks from one run to the next. Problems with the
+    /// request itself (code too large, bad variable names) come back as an `invalid_input`
+    /// result, never as a panic.
+    pub async fn run_with(
+        &self,
+        code: &str,
+        vars: Map<String, Value>,
+        limits: &Limits,
+    ) -> RunResult {
+        let started = Instant::now();
+        let backend = &self.inner.backend;
+        if let Err(error) = validate(code, &vars, limits) {
+            return RunResult::failed(backend.name(), error, started.elapsed());
+        }
+        let broker = Arc::new(Broker::new(
+            next_run_id(),
+            self.inner.exposed.clone(),
+            limits,
+        ));
+        let job = Job {
+            code: code.to_owned(),
+            vars,
+            limits: limits.clone(),
+        };
+        let mut result = backend.run(job, broker.clone()).await;
+        broker.finish();
+        result.tool_calls = broker.executed();
+        if broker.ceiling_hit()
+            && let Some(error) = &mut result.error
+            && error.kind == ErrorKind::GuestException
+        {
+            error.kind = ErrorKind::ToolCallLimit;
+        }
+        result.duration = started.elapsed();
+        result
+    }
+}
+
+fn next_run_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!(
+        "run-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn validate(code: &str, vars: &Map<String, Value>, limits: &Limits) -> Result<(), RunError> {
+    if code.len() as u64 > limits.max_code_bytes() {
+        return Err(RunError::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "the code is {} bytes; the limit is {}",
+                code.len(),
+                limits.max_code_bytes()
+            ),
+        ));
+    }
+    for name in vars.keys() {
+        if !is_identifier(name) {
+            return Err(RunError::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "variable name `{}` is not a Python identifier",
+                    name.escape_debug()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A Python identifier not starting with a double underscore (those names are the runtime's).
+fn is_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c == '_' || c.is_alphabetic());
+    first_ok && chars.all(|c| c == '_' || c.is_alphanumeric()) && !name.starts_with("__")
+}
+
+/// Why a [`Runner`] could not be built.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The tool policy does not fit the registry.
+    Policy(PolicyError),
+    /// The backend does not isolate and `allow_no_isolation` was not set.
+    NoIsolation(&'static str),
+    /// The default wasm backend could not be created.
+    Backend(String),
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::Policy(e) => write!(f, "tool policy: {e}"),
+            BuildError::NoIsolation(name) => write!(
+                f,
+                "backend `{name}` provides no isolation; refusing it without allow_no_isolation"
+            ),
+            BuildError::Backend(e) => write!(f, "backend: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// Builds a [`Runner`].
+#[derive(Default)]
+pub struct RunnerBuilder {
+    backend: Option<Arc<dyn Backend>>,
+    tools: ToolRegistry,
+    policy: ToolPolicy,
+    limits: Limits,
+    allow_no_isolation: bool,
+}
+
+impl RunnerBuilder {
+    /// Uses `backend` instead of the default wasm backend.
+    pub fn backend(mut self, backend: Arc<dyn Backend>) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+
+    /// The registry the policy picks tools from.
+    pub fn tools(mut self, tools: ToolRegistry) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// Which tools to expose. The default exposes none.
+    pub fn policy(mut self, policy: ToolPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The limits of each run started with [`Runner::run`].
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Accepts a backend that provides no isolation (such as `local`).
+    ///
+    /// # Security
+    ///
+    /// With such a backend the guest runs with the host user's authority: files, network,
+    /// processes. Only for code you would run yourself.
+    pub fn allow_no_isolation(mut self, allow: bool) -> Self {
+        self.allow_no_isolation = allow;
+        self
+    }
+
+    /// Builds the runner.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError`] when the policy does not resolve, the backend does not isolate and that
+    /// was not allowed, or the default backend cannot be created.
+    pub fn build(self) -> Result<Runner, BuildError> {
+        let exposed = self
+            .policy
+            .resolve(&self.tools)
+            .map_err(BuildError::Policy)?;
+        let backend = match self.backend {
+            Some(b) => b,
+            None => Arc::new(crate::wasm::WasmBackend::shared().map_err(BuildError::Backend)?),
+        };
+        if !backend.provides_isolation() && !self.allow_no_isolation {
+            return Err(BuildError::NoIsolation(backend.name()));
+        }
+        Ok(Runner {
+            inner: Arc::new(RunnerInner {
+                backend,
+                exposed,
+                limits: self.limits,
+            }),
+        })
+    }
+}

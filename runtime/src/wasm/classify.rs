@@ -1,0 +1,86 @@
+//! The one classifier: engine errors and traps to [`RunError`] kinds.
+
+use wasmtime::Trap;
+use wasmtime_wasi::I32Exit;
+
+use super::linker::CapabilityDenied;
+use crate::{ErrorKind, RunError};
+
+/// What the store recorded during the run, which decides between look-alike failures.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Evidence {
+    /// The memory limiter refused a growth.
+    pub memory_denied: bool,
+    /// The fuel budget, when one was set.
+    pub fuel_budget: Option<u64>,
+}
+
+/// The end of a guest that did not return normally.
+#[derive(Debug)]
+pub(crate) enum Ending {
+    /// The guest exited through `wasi:cli/exit` with status 0: a normal end without a value.
+    CleanExit,
+    /// The run failed.
+    Failed(RunError),
+}
+
+/// Classifies an error returned by instantiating or calling the guest.
+///
+/// Traps are recognised by downcasting, never by their text; the text of an unrecognised
+/// error is logged for the operator and never shown to the guest's caller.
+pub(crate) fn classify(error: &wasmtime::Error, evidence: Evidence) -> Ending {
+    if let Some(exit) = error.downcast_ref::<I32Exit>() {
+        return match exit.0 {
+            0 => Ending::CleanExit,
+            code => Ending::Failed(RunError::new(
+                ErrorKind::GuestException,
+                format!("the guest exited with status {code}"),
+            )),
+        };
+    }
+    if let Some(denied) = error.downcast_ref::<CapabilityDenied>() {
+        return Ending::Failed(RunError::new(
+            ErrorKind::CapabilityDenied,
+            denied.to_string(),
+        ));
+    }
+    if let Some(trap) = error.downcast_ref::<Trap>() {
+        return Ending::Failed(classify_trap(*trap, evidence));
+    }
+    tracing::error!(error = ?error, "pycage: unclassified guest error");
+    Ending::Failed(RunError::new(
+        ErrorKind::BackendError,
+        "the sandbox failed internally",
+    ))
+}
+
+fn classify_trap(trap: Trap, evidence: Evidence) -> RunError {
+    match trap {
+        Trap::OutOfFuel => RunError::new(
+            ErrorKind::FuelExhausted,
+            match evidence.fuel_budget {
+                Some(budget) => format!("the fuel budget of {budget} ran out"),
+                None => "the fuel ran out".to_owned(),
+            },
+        ),
+        Trap::Interrupt => RunError::new(ErrorKind::Timeout, "the wall-clock limit was reached"),
+        Trap::StackOverflow => RunError::new(
+            ErrorKind::StackOverflow,
+            "the guest's stack overflowed (recursion too deep for the interpreter to catch)",
+        ),
+        _ if evidence.memory_denied => RunError::new(
+            ErrorKind::MemoryLimit,
+            "the guest ran out of memory under the memory limit",
+        ),
+        other => RunError::new(
+            ErrorKind::BackendError,
+            format!("the guest interpreter crashed ({})", trap_name(other)),
+        ),
+    }
+}
+
+/// A short, host-independent name for a trap.
+fn trap_name(trap: Trap) -> String {
+    // `Trap`'s Display is a fixed text per variant (no paths, no addresses).
+    trap.to_string()
+}

@@ -1,0 +1,235 @@
+//! What the guest can reach: the one custom import, the WASI interfaces the host grants, and
+//! denial stubs for every other import.
+//!
+//! # Security
+//!
+//! The linker is the guest's whole world. Granted are the WASI interfaces CPython needs to
+//! run: clocks, random, stdio (captured), an empty environment, `exit`, and the filesystem
+//! interfaces with no preopened directory (so no path resolves to anything). Everything else
+//! the component imports (today: all of `wasi:sockets`) is linked to stubs that touch nothing
+//! on the host: a function whose result can carry the error `access-denied` returns it, so the
+//! guest sees an ordinary `PermissionError`; a function that returns a denied resource gets an
+//! inert handle; any other function traps with [`CapabilityDenied`].
+
+use std::collections::BTreeSet;
+
+use wasmtime::component::types::{ComponentFunc, ComponentItem};
+use wasmtime::component::{
+    Component, HasData, HasSelf, Linker, Resource, ResourceAny, ResourceType, Val,
+};
+use wasmtime::{Engine, StoreContextMut};
+use wasmtime_wasi::cli::{WasiCli, WasiCliView};
+use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
+use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
+use wasmtime_wasi::p2::bindings as wasi;
+use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
+use wasmtime_wasi::{ResourceTable, WasiView};
+
+use super::bindings::pycage::sandbox::host;
+use super::state::RunState;
+use crate::broker::CallError;
+
+/// The guest's imports the host implements for real, by interface name without version.
+pub(crate) const GRANTED: &[&str] = &[
+    "pycage:sandbox/host",
+    "wasi:cli/environment",
+    "wasi:cli/exit",
+    "wasi:cli/stderr",
+    "wasi:cli/stdin",
+    "wasi:cli/stdout",
+    "wasi:cli/terminal-input",
+    "wasi:cli/terminal-output",
+    "wasi:cli/terminal-stderr",
+    "wasi:cli/terminal-stdin",
+    "wasi:cli/terminal-stdout",
+    "wasi:clocks/monotonic-clock",
+    "wasi:clocks/wall-clock",
+    "wasi:filesystem/preopens",
+    "wasi:filesystem/types",
+    "wasi:io/error",
+    "wasi:io/poll",
+    "wasi:io/streams",
+    "wasi:random/random",
+];
+
+/// A trap: the guest called a capability the sandbox does not grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapabilityDenied {
+    /// The import, as `interface#function`.
+    pub import: String,
+}
+
+impl std::fmt::Display for CapabilityDenied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the sandbox does not grant `{}`", self.import)
+    }
+}
+
+impl std::error::Error for CapabilityDenied {}
+
+/// The host type behind every resource of a denied interface. Never holds anything.
+struct DeniedResource;
+
+struct Io;
+
+impl HasData for Io {
+    type Data<'a> = &'a mut ResourceTable;
+}
+
+/// The interface name without its `@version`.
+pub(crate) fn unversioned(name: &str) -> &str {
+    name.split_once('@').map_or(name, |(n, _)| n)
+}
+
+/// Builds the linker for `component`: grants, the broker's `call-tool`, and denial stubs.
+pub(crate) fn build(engine: &Engine, component: &Component) -> wasmtime::Result<Linker<RunState>> {
+    let mut linker = Linker::<RunState>::new(engine);
+    link_granted_wasi(&mut linker)?;
+    host::add_to_linker::<RunState, HasSelf<RunState>>(&mut linker, |s| s)?;
+
+    let granted: BTreeSet<&str> = GRANTED.iter().copied().collect();
+    let ty = component.component_type();
+    // Resources of granted interfaces (such as `pollable`) also appear in denied interfaces
+    // that use them; those keep their real definitions.
+    let granted_resources: Vec<ResourceType> = ty
+        .imports(engine)
+        .filter(|(name, _)| granted.contains(unversioned(name)))
+        .filter_map(|(_, item)| match item.ty {
+            ComponentItem::ComponentInstance(i) => Some(i),
+            _ => None,
+        })
+        .flat_map(|i| {
+            i.exports(engine)
+                .filter_map(|(_, e)| match e.ty {
+                    ComponentItem::Resource(r) => Some(r),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for (name, item) in ty.imports(engine) {
+        if granted.contains(unversioned(name)) {
+            continue;
+        }
+        let ComponentItem::ComponentInstance(instance) = item.ty else {
+            wasmtime::bail!("the guest imports `{name}`, which is not an interface");
+        };
+        let mut stubs = linker.instance(name)?;
+        for (export, item) in instance.exports(engine) {
+            match item.ty {
+                ComponentItem::ComponentFunc(func) => {
+                    let import = format!("{}#{export}", unversioned(name));
+                    let deny = denial_for(&func);
+                    stubs.func_new(export, move |store, _ty, _params, results| {
+                        deny_call(store, &import, deny, results)
+                    })?;
+                }
+                ComponentItem::Resource(r) if !granted_resources.contains(&r) => {
+                    stubs.resource(
+                        export,
+                        ResourceType::host::<DeniedResource>(),
+                        |_, _| Ok(()),
+                    )?;
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(linker)
+}
+
+fn link_granted_wasi(l: &mut Linker<RunState>) -> wasmtime::Result<()> {
+    use wasmtime_wasi_io::bindings::wasi::io;
+    io::error::add_to_linker::<RunState, Io>(l, |t| t.ctx().table)?;
+    io::poll::add_to_linker::<RunState, Io>(l, |t| t.ctx().table)?;
+    io::streams::add_to_linker::<RunState, Io>(l, |t| t.ctx().table)?;
+    wasi::clocks::wall_clock::add_to_linker::<RunState, WasiClocks>(l, RunState::clocks)?;
+    wasi::clocks::monotonic_clock::add_to_linker::<RunState, WasiClocks>(l, RunState::clocks)?;
+    wasi::random::random::add_to_linker::<RunState, WasiRandom>(l, RunState::random)?;
+    wasi::filesystem::types::add_to_linker::<RunState, WasiFilesystem>(l, RunState::filesystem)?;
+    wasi::filesystem::preopens::add_to_linker::<RunState, WasiFilesystem>(l, RunState::filesystem)?;
+    wasi::cli::exit::add_to_linker::<RunState, WasiCli>(l, RunState::cli)?;
+    wasi::cli::environment::add_to_linker::<RunState, WasiCli>(l, RunState::cli)?;
+    wasi::cli::stdin::add_to_linker::<RunState, WasiCli>(l, RunState::cli)?;
+    wasi::cli::stdout::add_to_linker::<RunState, WasiCli>(l, RunState::cli)?;
+    wasi::cli::stderr::add_to_linker::<RunState, WasiCli>(l, RunState::cli)?;
+    wasi::cli::terminal_input::add_to_linker::<RunState, WasiCli>(l, RunState::cli)?;
+    wasi::cli::terminal_output::add_to_linker::<RunState, WasiCli>(l, RunState::cli)?;
+    wasi::cli::terminal_stdin::add_to_linker::<RunState, WasiCli>(l, RunState::cli)?;
+    wasi::cli::terminal_stdout::add_to_linker::<RunState, WasiCli>(l, RunState::cli)?;
+    wasi::cli::terminal_stderr::add_to_linker::<RunState, WasiCli>(l, RunState::cli)?;
+    Ok(())
+}
+
+/// How a denied function answers.
+#[derive(Debug, Clone, Copy)]
+enum Denial {
+    /// Return `err(access-denied)`.
+    AccessDenied,
+    /// Return an inert handle of a denied resource.
+    InertHandle,
+    /// Trap with [`CapabilityDenied`].
+    Trap,
+}
+
+fn denial_for(func: &ComponentFunc) -> Denial {
+    use wasmtime::component::types::Type;
+    let mut results = func.results();
+    match (results.next(), results.next()) {
+        (Some(Type::Result(r)), None) => match r.err() {
+            Some(Type::Enum(e)) if e.names().any(|n| n == "access-denied") => Denial::AccessDenied,
+            _ => Denial::Trap,
+        },
+        (Some(Type::Own(_)), None) => Denial::InertHandle,
+        _ => Denial::Trap,
+    }
+}
+
+fn deny_call(
+    mut store: StoreContextMut<'_, RunState>,
+    import: &str,
+    deny: Denial,
+    results: &mut [Val],
+) -> wasmtime::Result<()> {
+    tracing::info!(
+        target: "pycage::audit",
+        run = %store.data().broker.run_id(),
+        import,
+        "capability denied"
+    );
+    store
+        .data_mut()
+        .denied_capability
+        .get_or_insert_with(|| import.to_owned());
+    match (deny, results.first_mut()) {
+        (Denial::AccessDenied, Some(slot)) => {
+            *slot = Val::Result(Err(Some(Box::new(Val::Enum("access-denied".into())))));
+            Ok(())
+        }
+        (Denial::InertHandle, Some(slot)) => {
+            let handle = Resource::<DeniedResource>::new_own(0);
+            *slot = Val::Resource(ResourceAny::try_from_resource(handle, &mut store)?);
+            Ok(())
+        }
+        _ => Err(wasmtime::Error::new(CapabilityDenied {
+            import: import.to_owned(),
+        })),
+    }
+}
+
+impl host::Host for RunState {
+    async fn call_tool(
+        &mut self,
+        name: String,
+        args_json: String,
+    ) -> Result<String, host::ToolError> {
+        let broker = self.broker.clone();
+        broker.call(&name, &args_json).await.map_err(|e| match e {
+            CallError::NotFound(m) => host::ToolError::NotFound(m),
+            CallError::InvalidArguments(m) => host::ToolError::InvalidArguments(m),
+            CallError::Denied(m) => host::ToolError::Denied(m),
+            CallError::Failed(m) => host::ToolError::Failed(m),
+            CallError::LimitExceeded(m) => host::ToolError::LimitExceeded(m),
+        })
+    }
+}

@@ -1,0 +1,113 @@
+//! The per-run host state: the `T` of each run's `Store<T>`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use wasmtime::ResourceLimiter;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::broker::Broker;
+
+/// The most WASI resources (streams, pollables, descriptors) a guest may hold at once. Each
+/// costs host memory, so the table is bounded like every other host-side buffer.
+pub(crate) const MAX_RESOURCES: usize = 10_000;
+
+/// The most elements any guest table may grow to. CPython's function table holds some tens of
+/// thousands of entries; this bounds host memory spent on tables.
+const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
+/// Everything one run's store holds on the host side.
+pub(crate) struct RunState {
+    pub wasi: WasiCtx,
+    pub table: ResourceTable,
+    pub limiter: GuestLimiter,
+    pub broker: Arc<Broker>,
+    /// The run's wall-clock deadline, checked at every epoch tick.
+    pub deadline: Instant,
+    /// Set when the guest called a WASI capability the sandbox does not grant.
+    pub denied_capability: Option<String>,
+}
+
+impl WasiView for RunState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Enforces the run's memory limit across all of the guest's linear memories, and remembers
+/// whether it had to refuse a growth (which turns a later `MemoryError` or crash into a
+/// `memory_limit` result).
+#[derive(Debug)]
+pub(crate) struct GuestLimiter {
+    limit: usize,
+    used: usize,
+    pub denied: bool,
+}
+
+impl GuestLimiter {
+    pub fn new(limit: u64) -> Self {
+        GuestLimiter {
+            limit: usize::try_from(limit).unwrap_or(usize::MAX),
+            used: 0,
+            denied: false,
+        }
+    }
+
+    /// Bytes of linear memory the guest holds.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn used(&self) -> usize {
+        self.used
+    }
+}
+
+impl ResourceLimiter for GuestLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let total = self.used.saturating_sub(current).saturating_add(desired);
+        if total > self.limit {
+            self.denied = true;
+            return Ok(false);
+        }
+        self.used = total;
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= MAX_TABLE_ELEMENTS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limiter_counts_all_memories_and_remembers_refusals() {
+        let mut l = GuestLimiter::new(100);
+        assert!(l.memory_growing(0, 60, None).unwrap());
+        assert!(l.memory_growing(0, 30, None).unwrap());
+        assert_eq!(l.used(), 90);
+        assert!(!l.denied);
+        assert!(
+            !l.memory_growing(60, 80, None).unwrap(),
+            "90 - 60 + 80 > 100"
+        );
+        assert!(l.denied);
+        assert_eq!(l.used(), 90);
+        assert!(l.memory_growing(30, 40, None).unwrap());
+        assert_eq!(l.used(), 100);
+    }
+}

@@ -1,0 +1,87 @@
+//! Command-line arguments (clap). Kept apart from the settings the commands resolve them to.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Run untrusted Python behind a real isolation boundary.
+#[derive(Debug, Parser)]
+#[command(name = "pycage", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run Python code in a fresh sandbox.
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// A Python file to run, or `-` for standard input.
+    #[arg(
+        value_name = "FILE",
+        required_unless_present = "code",
+        conflicts_with = "code"
+    )]
+    pub file: Option<PathBuf>,
+
+    /// The code to run, given on the command line.
+    #[arg(short = 'c', long = "code", value_name = "CODE")]
+    pub code: Option<String>,
+
+    /// A TOML file declaring command tools (repeatable). Built-in tools are always registered.
+    #[arg(long = "tools", value_name = "FILE")]
+    pub tools: Vec<PathBuf>,
+
+    /// Expose the tools of this namespace.
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+
+    /// Expose this tool, `name` or `ns.name` (repeatable); with --namespace, narrow to these.
+    #[arg(long = "allow", value_name = "TOOL")]
+    pub allow: Vec<String>,
+
+    /// Wall-clock limit, with a unit: 500ms, 5s, 2m [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+
+    /// Fuel budget (about one unit per wasm instruction) [default: unlimited, still measured].
+    #[arg(long, value_name = "N")]
+    pub fuel: Option<u64>,
+
+    /// Memory limit: bytes or with a unit, 256MiB [default: 256MiB].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub memory: Option<u64>,
+
+    /// Bytes kept of each of stdout and stderr: 64KiB [default: 64KiB].
+    #[arg(long = "max-output", value_name = "SIZE", value_parser = parse_size)]
+    pub max_output: Option<u64>,
+
+    /// The most tool calls the run may make [default: 100].
+    #[arg(long = "max-tool-calls", value_name = "N")]
+    pub max_tool_calls: Option<u32>,
+
+    /// An initial global variable, NAME=JSON (repeatable): --var base=21 --var name='"Ada"'.
+    #[arg(long = "var", value_name = "NAME=JSON")]
+    pub vars: Vec<String>,
+
+    /// The sandbox backend.
+    #[arg(long, value_name = "NAME", default_value = "wasm")]
+    pub backend: String,
+
+    /// Print the whole result as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    pycage_tools::units::parse_duration(s).map_err(|e| e.to_string())
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    pycage_tools::units::parse_size(s).map_err(|e| e.to_string())
+}

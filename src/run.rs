@@ -1,0 +1,146 @@
+//! `pycage run`: resolve the arguments into a runner and a request, run, report.
+
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use pycage::{Backend, ErrorKind, Limits, Runner, ToolPolicy, WasmBackend};
+use pycage_tools::ToolRegistry;
+use serde_json::{Map, Value};
+
+use crate::cli::RunArgs;
+use crate::exit::Exit;
+use crate::report;
+
+/// What a `run` needs, resolved from the arguments.
+struct RunSettings {
+    code: String,
+    runner: Runner,
+    vars: Map<String, Value>,
+    limits: Limits,
+    json: bool,
+}
+
+pub async fn run(args: RunArgs) -> Exit {
+    let settings = match resolve(args) {
+        Ok(s) => s,
+        Err(message) => {
+            eprintln!("pycage: {message}");
+            return Exit::Usage;
+        }
+    };
+    if let Some(wasm) = wasm_backend(settings.runner.backend())
+        && !wasm.is_cached()
+    {
+        eprintln!("pycage: compiling the sandbox (first run only; this takes a few seconds)...");
+    }
+    let result = settings
+        .runner
+        .run_with(&settings.code, settings.vars, &settings.limits)
+        .await;
+    if settings.json {
+        report::json(&result);
+    } else {
+        report::human(&result);
+    }
+    match result.error.as_ref().map(|e| e.kind) {
+        None => Exit::Ok,
+        Some(ErrorKind::InvalidInput) => Exit::Usage,
+        Some(ErrorKind::BackendError) => Exit::Internal,
+        Some(_) => Exit::GuestFailed,
+    }
+}
+
+fn wasm_backend(backend: &Arc<dyn Backend>) -> Option<WasmBackend> {
+    (backend.name() == "wasm")
+        .then(|| WasmBackend::shared().ok())
+        .flatten()
+}
+
+fn resolve(args: RunArgs) -> Result<RunSettings, String> {
+    let code = read_code(args.file.as_deref(), args.code)?;
+    let vars = parse_vars(&args.vars)?;
+
+    let mut tools = ToolRegistry::with_builtins();
+    for path in &args.tools {
+        let loaded = pycage_tools::command::load_file(path).map_err(|e| e.to_string())?;
+        tools
+            .extend(loaded)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let policy = ToolPolicy {
+        namespace: args.namespace,
+        allow: args.allow,
+    };
+
+    let defaults = Limits::default();
+    let limits = Limits::builder()
+        .wall_timeout(args.timeout.unwrap_or(defaults.wall_timeout()))
+        .memory_bytes(args.memory.unwrap_or(defaults.memory_bytes()))
+        .max_output_bytes(args.max_output.unwrap_or(defaults.max_output_bytes()))
+        .max_tool_calls(args.max_tool_calls.unwrap_or(defaults.max_tool_calls()))
+        .fuel(args.fuel)
+        .build()
+        .map_err(|e| e.to_string())?;
+
+    let backend: Arc<dyn Backend> = match args.backend.as_str() {
+        "wasm" => Arc::new(WasmBackend::shared()?),
+        other => return Err(format!("unknown backend `{other}` (available: wasm)")),
+    };
+    let runner = Runner::builder()
+        .backend(backend)
+        .tools(tools)
+        .policy(policy)
+        .limits(limits.clone())
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(RunSettings {
+        code,
+        runner,
+        vars,
+        limits,
+        json: args.json,
+    })
+}
+
+fn read_code(file: Option<&Path>, code: Option<String>) -> Result<String, String> {
+    if let Some(code) = code {
+        return Ok(code);
+    }
+    let (bytes, name) = match file {
+        Some(p) if p == Path::new("-") => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| format!("reading standard input: {e}"))?;
+            (buf, "standard input".to_owned())
+        }
+        Some(p) => (
+            std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()))?,
+            p.display().to_string(),
+        ),
+        None => return Err("give a FILE, `-` for standard input, or -c CODE".into()),
+    };
+    String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "{name} is not valid UTF-8 (first bad byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+fn parse_vars(specs: &[String]) -> Result<Map<String, Value>, String> {
+    let mut vars = Map::new();
+    for spec in specs {
+        let Some((name, json)) = spec.split_once('=') else {
+            return Err(format!("--var `{spec}`: expected NAME=JSON"));
+        };
+        let value: Value = serde_json::from_str(json).map_err(|e| {
+            format!("--var {name}: the value is not JSON ({e}); quote strings: {name}='\"text\"'")
+        })?;
+        if vars.insert(name.to_owned(), value).is_some() {
+            return Err(format!("--var {name} is given twice"));
+        }
+    }
+    Ok(vars)
+}
