@@ -53,6 +53,10 @@ class ToolError(Exception):
         self.kind = kind
 
 
+# It lives in the code's globals like a builtin; tracebacks say `ToolError`, not the module.
+ToolError.__module__ = "builtins"
+
+
 class Failure(Exception):
     """A run that ends without a value: carries the kind, message and traceback."""
 

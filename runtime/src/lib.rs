@@ -42,3 +42,8 @@ pub use pycage_tools;
 pub use result::{ErrorKind, RunError, RunResult};
 pub use runner::{BuildError, Runner, RunnerBuilder};
 pub use wasm::WasmBackend;
+
+/// The README's Rust code blocks, compiled as doc tests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

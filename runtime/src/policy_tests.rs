@@ -1,1 +1,135 @@
+use pycage_tools::ToolRegistry;
+use serde_json::json;
 
+use super::*;
+
+fn registry() -> ToolRegistry {
+    let mut r = ToolRegistry::with_builtins();
+    r.register_fn(
+        "other",
+        "add",
+        "another add",
+        json!({"type": "object"}),
+        |_| async { Ok(json!(null)) },
+    )
+    .unwrap();
+    r
+}
+
+#[test]
+fn the_empty_policy_exposes_nothing() {
+    let exposed = ToolPolicy::new().resolve(&registry()).unwrap();
+    assert!(exposed.is_empty());
+    assert!(exposed.lookup("add").is_none());
+    assert!(exposed.lookup("math.add").is_none());
+}
+
+#[test]
+fn a_namespace_exposes_its_tools_by_bare_and_qualified_name() {
+    let exposed = ToolPolicy::new()
+        .namespace("math")
+        .resolve(&registry())
+        .unwrap();
+    assert_eq!(
+        exposed.qualified_names(),
+        ["math.add", "math.divide", "math.multiply", "math.subtract"]
+    );
+    assert!(exposed.lookup("add").is_some());
+    assert!(exposed.lookup("math.add").is_some());
+    assert!(exposed.lookup("text.echo").is_none());
+    assert!(exposed.lookup("other.add").is_none());
+}
+
+#[test]
+fn allow_with_namespace_narrows_to_the_listed_tools() {
+    let exposed = ToolPolicy::new()
+        .namespace("math")
+        .allow("add")
+        .allow("math.divide")
+        .resolve(&registry())
+        .unwrap();
+    assert_eq!(exposed.qualified_names(), ["math.add", "math.divide"]);
+    assert!(exposed.lookup("subtract").is_none());
+}
+
+#[test]
+fn allow_alone_takes_qualified_or_unique_bare_names() {
+    let exposed = ToolPolicy::new()
+        .allow("echo")
+        .allow("math.add")
+        .resolve(&registry())
+        .unwrap();
+    assert_eq!(exposed.qualified_names(), ["math.add", "text.echo"]);
+    let err = ToolPolicy::new()
+        .allow("add")
+        .resolve(&registry())
+        .unwrap_err();
+    assert!(err.to_string().contains("ambiguous"), "{err}");
+}
+
+#[test]
+fn clashing_bare_names_are_reachable_only_qualified() {
+    let exposed = ToolPolicy::new()
+        .allow("math.add")
+        .allow("other.add")
+        .resolve(&registry())
+        .unwrap();
+    assert!(exposed.lookup("add").is_none());
+    assert!(exposed.lookup("math.add").is_some());
+    assert!(exposed.lookup("other.add").is_some());
+    assert!(exposed.bindings().iter().all(|b| b.binding.is_none()));
+}
+
+#[test]
+fn typos_and_out_of_namespace_entries_fail_loudly() {
+    let r = registry();
+    let e = ToolPolicy::new()
+        .namespace("maths")
+        .resolve(&r)
+        .unwrap_err();
+    assert!(e.to_string().contains("maths"), "{e}");
+    let e = ToolPolicy::new().allow("math.ad").resolve(&r).unwrap_err();
+    assert!(e.to_string().contains("math.ad"), "{e}");
+    let e = ToolPolicy::new()
+        .namespace("math")
+        .allow("text.echo")
+        .resolve(&r)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("outside the pinned namespace"),
+        "{e}"
+    );
+    let e = ToolPolicy::new()
+        .namespace("math")
+        .allow("echo")
+        .resolve(&r)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("not registered in namespace `math`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn lookup_is_exact() {
+    let exposed = ToolPolicy::new()
+        .namespace("math")
+        .resolve(&registry())
+        .unwrap();
+    for variant in [
+        "Add",
+        "add ",
+        " add",
+        "add\0",
+        "math.Add",
+        "ａdd",
+        "math..add",
+        ".add",
+        "math.add.x",
+    ] {
+        assert!(
+            exposed.lookup(variant).is_none(),
+            "{variant:?} must not resolve"
+        );
+    }
+}

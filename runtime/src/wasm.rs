@@ -162,6 +162,8 @@ impl WasmBackend {
     async fn run_job(&self, job: Job, broker: Arc<Broker>) -> RunResult {
         let started = Instant::now();
         let fail = |error| RunResult::failed(self.name(), error, started.elapsed());
+        // The first run of a process pays for loading (or compiling) the guest; the wall
+        // clock starts after that, when the guest does.
         if let Err(e) = self.prepare().await {
             tracing::error!(error = %e, "pycage: the wasm guest could not be prepared");
             return fail(RunError::new(
@@ -176,7 +178,7 @@ impl WasmBackend {
             ));
         };
         let limits = &job.limits;
-        let deadline = started + limits.wall_timeout();
+        let deadline = Instant::now() + limits.wall_timeout();
         let stdout = CapturePipe::new(limits.max_output_bytes());
         let stderr = CapturePipe::new(limits.max_output_bytes());
         let mut store = match new_store(

@@ -80,6 +80,12 @@ pub(crate) fn load_or_compile(
         ));
     };
     let path = artifact_path(dir, engine, component_digest);
+    if let Ok(Some(component)) = load(engine, &path) {
+        return Ok((component, ArtifactSource::Cache));
+    }
+    // Another process may be compiling the same artifact: wait for it rather than compile
+    // twice. The lock is advisory and only taken on this slow path.
+    let _lock = lock_dir(dir);
     match load(engine, &path) {
         Ok(Some(component)) => return Ok((component, ArtifactSource::Cache)),
         Ok(None) => {}
@@ -89,7 +95,10 @@ pub(crate) fn load_or_compile(
     }
     let component = Component::new(engine, wasm)?;
     let source = match component.serialize().map(|bytes| store(dir, &path, &bytes)) {
-        Ok(Ok(())) => ArtifactSource::Compiled,
+        Ok(Ok(())) => {
+            prune(dir, KEEP_ARTIFACTS);
+            ArtifactSource::Compiled
+        }
         Ok(Err(e)) => {
             tracing::warn!(path = %path.display(), error = %e, "pycage: could not write the artifact cache");
             ArtifactSource::CompiledUncached
@@ -100,6 +109,37 @@ pub(crate) fn load_or_compile(
         }
     };
     Ok((component, source))
+}
+
+/// How many artifacts the cache keeps (other builds of pycage may share the directory).
+const KEEP_ARTIFACTS: usize = 3;
+
+/// Removes all but the `keep` newest artifacts: each is tens of megabytes.
+fn prune(dir: &Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut artifacts: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("guest-") && name.ends_with(".cwasm")
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    artifacts.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
+    for (_, path) in artifacts.into_iter().skip(keep) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Takes the cache directory's compile lock; `None` when it cannot (then compile unlocked).
+fn lock_dir(dir: &Path) -> Option<std::fs::File> {
+    std::fs::create_dir_all(dir).ok()?;
+    let file = std::fs::File::create(dir.join(".compile.lock")).ok()?;
+    file.lock().ok()?;
+    Some(file)
 }
 
 /// True when a valid-looking artifact for this component exists (its checksum is not read).

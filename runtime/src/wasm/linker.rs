@@ -120,8 +120,12 @@ pub(crate) fn build(engine: &Engine, component: &Component) -> wasmtime::Result<
                 ComponentItem::ComponentFunc(func) => {
                     let import = format!("{}#{export}", unversioned(name));
                     let deny = denial_for(&func);
-                    stubs.func_new(export, move |store, _ty, _params, results| {
-                        deny_call(store, &import, deny, results)
+                    let import: std::sync::Arc<str> = import.into();
+                    stubs.func_new_async(export, move |store, _ty, params, results| {
+                        let import = import.clone();
+                        Box::new(
+                            async move { deny_call(store, &import, deny, params, results).await },
+                        )
                     })?;
                 }
                 ComponentItem::Resource(r) if !granted_resources.contains(&r) => {
@@ -185,12 +189,19 @@ fn denial_for(func: &ComponentFunc) -> Denial {
     }
 }
 
-fn deny_call(
+async fn deny_call(
     mut store: StoreContextMut<'_, RunState>,
     import: &str,
     deny: Denial,
+    params: &[Val],
     results: &mut [Val],
 ) -> wasmtime::Result<()> {
+    // Handles the guest lends or gives us must be released, or the call cannot return.
+    for param in params {
+        if let Val::Resource(handle) = param {
+            handle.resource_drop_async(&mut store).await?;
+        }
+    }
     tracing::info!(
         target: "pycage::audit",
         run = %store.data().broker.run_id(),

@@ -1,0 +1,334 @@
+//! `pycage run` end to end: arguments, output, exit codes.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+fn pycage(args: &[&str]) -> Output {
+    pycage_with(args, None, &[])
+}
+
+fn pycage_with(args: &[&str], stdin: Option<&[u8]>, env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pycage"));
+    cmd.args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("pycage starts");
+    if let Some(input) = stdin {
+        child.stdin.take().unwrap().write_all(input).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn json_result(out: &Output) -> Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no output; stderr: {}", stderr(out)));
+    assert_eq!(lines.next(), None, "--json prints exactly one line: {text}");
+    serde_json::from_str(first).unwrap_or_else(|e| panic!("{e}: {first}"))
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exited normally")
+}
+
+fn write_temp(name: &str, contents: &[u8]) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("pycage-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+#[test]
+fn seed_example_through_the_cli() {
+    let file = write_temp("seed.py", common::SEED.as_bytes());
+    let out = pycage(&[
+        "run",
+        file.to_str().unwrap(),
+        "--namespace",
+        "math",
+        "--json",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let r = json_result(&out);
+    assert_eq!(r["ok"], json!(true));
+    assert_eq!(r["value"], json!(15));
+    assert_eq!(r["tool_calls"], json!(5));
+    for field in [
+        "ok",
+        "value",
+        "stdout",
+        "stderr",
+        "stdout_truncated",
+        "stderr_truncated",
+        "error",
+        "tool_calls",
+        "fuel_consumed",
+        "duration",
+        "backend",
+        "timed_out",
+    ] {
+        assert!(r.get(field).is_some(), "missing {field}: {r}");
+    }
+}
+
+#[test]
+fn seed_example_from_stdin_with_human_output() {
+    let out = pycage_with(
+        &["run", "-", "--namespace", "math"],
+        Some(common::SEED.as_bytes()),
+        &[],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "15\n");
+}
+
+#[test]
+fn variables_from_the_command_line() {
+    let out = pycage(&["run", "-c", "return base * 2", "--var", "base=21"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n");
+    let out = pycage(&[
+        "run",
+        "-c",
+        "return name",
+        "--var",
+        "name=\"Ada\"",
+        "--json",
+    ]);
+    assert_eq!(json_result(&out)["value"], json!("Ada"));
+}
+
+#[test]
+fn guest_failure_exits_1_with_a_summary() {
+    let out = pycage(&["run", "-c", "print('before')\n1/0"]);
+    assert_eq!(code(&out), 1);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "before\n");
+    let err = stderr(&out);
+    assert!(err.contains("ZeroDivisionError"), "{err}");
+    assert!(err.contains("pycage: guest_exception:"), "{err}");
+    let out = pycage(&["run", "-c", "1/0", "--json"]);
+    assert_eq!(code(&out), 1);
+    let r = json_result(&out);
+    assert_eq!(r["error"]["kind"], json!("guest_exception"));
+}
+
+#[test]
+fn limits_from_the_command_line() {
+    let file = write_temp("seed-limit.py", common::SEED.as_bytes());
+    let out = pycage(&[
+        "run",
+        file.to_str().unwrap(),
+        "--namespace",
+        "math",
+        "--max-tool-calls",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(code(&out), 1);
+    let r = json_result(&out);
+    assert_eq!(
+        (r["ok"].clone(), r["tool_calls"].clone()),
+        (json!(false), json!(2))
+    );
+    assert_eq!(r["error"]["kind"], json!("tool_call_limit"));
+
+    let started = Instant::now();
+    let out = pycage(&["run", "-c", "while True: pass", "--timeout", "1s", "--json"]);
+    let r = json_result(&out);
+    assert_eq!(r["error"]["kind"], json!("timeout"));
+    assert_eq!(r["timed_out"], json!(true));
+    // The process includes loading the guest; the backstop is generous.
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    let out = pycage(&[
+        "run",
+        "-c",
+        "while True: pass",
+        "--fuel",
+        "10000000",
+        "--json",
+    ]);
+    assert_eq!(json_result(&out)["error"]["kind"], json!("fuel_exhausted"));
+
+    let out = pycage(&[
+        "run",
+        "-c",
+        "x = bytearray(200 << 20)",
+        "--memory",
+        "128MiB",
+        "--json",
+    ]);
+    assert_eq!(json_result(&out)["error"]["kind"], json!("memory_limit"));
+
+    let out = pycage(&[
+        "run",
+        "-c",
+        "print('x' * 10**6)",
+        "--max-output",
+        "256",
+        "--json",
+    ]);
+    let r = json_result(&out);
+    assert_eq!(r["stdout_truncated"], json!(true));
+    assert!(r["stdout"].as_str().unwrap().matches('x').count() <= 256);
+}
+
+#[test]
+fn raw_writes_never_reach_the_hosts_stdout() {
+    let out = pycage(&[
+        "run",
+        "-c",
+        "import os\nos.write(1, b'RAW-CANARY')\nos.write(2, b'RAW-ERR')",
+        "--json",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    // The one line on stdout is the JSON result; the bytes are inside it, not beside it.
+    let r = json_result(&out);
+    assert_eq!(r["stdout"], json!("RAW-CANARY"));
+    assert_eq!(r["stderr"], json!("RAW-ERR"));
+    assert!(!stderr(&out).contains("RAW-ERR"));
+}
+
+#[test]
+fn the_hosts_environment_is_invisible() {
+    let out = pycage_with(
+        &[
+            "run",
+            "-c",
+            "import os\nreturn [dict(os.environ), str(os.environ.get('PYCAGE_SECRET'))]",
+            "--json",
+        ],
+        None,
+        &[("PYCAGE_SECRET", "CANARY-ENV-SECRET")],
+    );
+    let r = json_result(&out);
+    assert_eq!(r["value"], json!([{}, "None"]));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("CANARY-ENV-SECRET"));
+}
+
+#[test]
+fn usage_errors_exit_2_and_say_why() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["run"], "FILE"),
+        (&["run", "-c", "1", "--timeout", "5"], "unit"),
+        (&["run", "-c", "1", "--timeout", "0s"], "wall_timeout"),
+        (&["run", "-c", "1", "--timeout=-5s"], "-5s"),
+        (&["run", "-c", "1", "--memory", "0"], "memory_bytes"),
+        (&["run", "-c", "1", "--memory", "lots"], "lots"),
+        (&["run", "-c", "1", "--var", "x"], "NAME=JSON"),
+        (&["run", "-c", "1", "--var", "x=hello"], "not JSON"),
+        (&["run", "-c", "1", "--var", "not-an-ident=1"], "identifier"),
+        (&["run", "-c", "1", "--backend", "nope"], "unknown backend"),
+        (&["run", "-c", "1", "--namespace", "nope"], "nope"),
+        (&["run", "-c", "1", "--allow", "math.nope"], "math.nope"),
+        (&["run", "/no/such/file.py"], "/no/such/file.py"),
+        (
+            &["run", "-c", "1", "--tools", "/no/such/tools.toml"],
+            "tools.toml",
+        ),
+        (&["frobnicate"], "frobnicate"),
+    ];
+    for (args, needle) in cases {
+        let out = pycage(args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains(needle),
+            "{args:?}: expected {needle:?} in {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn invalid_utf8_source_is_a_usage_error() {
+    let file = write_temp("bad.py", b"print('ok')\n\xff\xfe\n");
+    let out = pycage(&["run", file.to_str().unwrap()]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("not valid UTF-8"), "{}", stderr(&out));
+}
+
+#[test]
+fn unknown_keys_in_a_tools_file_are_named() {
+    let file = write_temp(
+        "tools.toml",
+        b"[[tool]]\nname = \"t\"\nnamespace = \"n\"\ndescription = \"d\"\ncommand = [\"true\"]\ncomand = [\"x\"]\n",
+    );
+    let out = pycage(&["run", "-c", "1", "--tools", file.to_str().unwrap()]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("comand"), "{}", stderr(&out));
+}
+
+#[test]
+fn the_quickstart_runs_with_its_command_tool() {
+    assert!(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/quickstart.py")
+            .exists()
+    );
+    let out = pycage(&[
+        "run",
+        "examples/quickstart.py",
+        "--tools",
+        "examples/tools.toml",
+        "--allow",
+        "add",
+        "--allow",
+        "word_count",
+        "--json",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let r = json_result(&out);
+    assert_eq!(r["value"], json!({"total": 395, "top_word": ["the", 3]}));
+    assert_eq!(r["tool_calls"], json!(6));
+    assert!(
+        r["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("word_count tool says 11 words")
+    );
+}
+
+#[test]
+fn a_failing_command_tool_is_a_catchable_tool_error() {
+    let code_text =
+        "try:\n    await word_count(text=5)\nexcept ToolError as e:\n    return [e.kind, str(e)]";
+    let out = pycage(&[
+        "run",
+        "-c",
+        code_text,
+        "--tools",
+        "examples/tools.toml",
+        "--namespace",
+        "demo",
+        "--json",
+    ]);
+    let r = json_result(&out);
+    assert_eq!(
+        r["value"],
+        json!(["failed", "`text` must be a string"]),
+        "{r}"
+    );
+}

@@ -1,0 +1,102 @@
+//! Helpers shared by the end-to-end tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use pycage::{Limits, RunResult, Runner, ToolPolicy};
+use pycage_tools::ToolRegistry;
+use serde_json::{Map, Value, json};
+
+/// The seed example from the foundation issue, verbatim.
+pub const SEED: &str = r#"total = 0
+for i in range(1, 6):
+    r = await add(a=str(total), b=str(i))   # 'add' is a brokered host tool
+    total = r["sum"]
+return total
+"#;
+
+/// A runner over the built-in tools with `policy` and `limits`.
+pub fn runner(policy: ToolPolicy, limits: Limits) -> Runner {
+    Runner::builder()
+        .tools(ToolRegistry::with_builtins())
+        .policy(policy)
+        .limits(limits)
+        .build()
+        .expect("runner builds")
+}
+
+/// Runs `code` with the `math` namespace exposed and default limits.
+pub async fn run(code: &str) -> RunResult {
+    runner(ToolPolicy::new().namespace("math"), Limits::default())
+        .run(code)
+        .await
+}
+
+/// Runs `code` with `limits` and no tools.
+pub async fn run_limited(code: &str, limits: Limits) -> RunResult {
+    runner(ToolPolicy::new(), limits).run(code).await
+}
+
+/// Runs `code` with initial variables.
+pub async fn run_vars(code: &str, vars: Value) -> RunResult {
+    let Value::Object(vars) = vars else {
+        panic!("vars must be an object")
+    };
+    let r = runner(ToolPolicy::new(), Limits::default());
+    r.run_with(code, vars, &Limits::default()).await
+}
+
+/// Limits with a wall timeout.
+pub fn wall(d: Duration) -> Limits {
+    Limits::builder().wall_timeout(d).build().unwrap()
+}
+
+/// A registry with the built-ins plus `spy.*` tools that count their invocations.
+pub struct Spy {
+    pub registry: ToolRegistry,
+    pub count: Arc<AtomicU32>,
+}
+
+impl Spy {
+    pub fn new() -> Self {
+        let count = Arc::new(AtomicU32::new(0));
+        let mut registry = ToolRegistry::with_builtins();
+        for name in ["add", "secret"] {
+            let c = count.clone();
+            registry
+                .register_fn(
+                    "spy",
+                    name,
+                    "counts its calls",
+                    json!({"type": "object"}),
+                    move |_| {
+                        let c = c.clone();
+                        async move {
+                            c.fetch_add(1, Ordering::SeqCst);
+                            Ok(json!({"sum": 0, "secret": "CANARY-SPY-RESULT"}))
+                        }
+                    },
+                )
+                .unwrap();
+        }
+        Spy { registry, count }
+    }
+
+    pub fn calls(&self) -> u32 {
+        self.count.load(Ordering::SeqCst)
+    }
+}
+
+/// Asserts the run failed with `kind`, showing the whole result otherwise.
+#[track_caller]
+pub fn assert_kind(result: &RunResult, kind: pycage::ErrorKind) {
+    assert!(!result.ok, "expected {kind}, got ok: {result:#?}");
+    let error = result.error.as_ref().expect("a failed run has an error");
+    assert_eq!(error.kind, kind, "{result:#?}");
+}
+
+pub fn empty_vars() -> Map<String, Value> {
+    Map::new()
+}
