@@ -239,7 +239,34 @@ def _syntax_failure(exc):
     return Failure(SYNTAX_ERROR, message, _cap("".join(lines), MAX_TRACEBACK_CHARS))
 
 
+_TOP_LEVEL_AWAIT = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+_CO_COROUTINE = 0x0080
+_TOP_LEVEL_RETURN = "'return' outside function"
+
+
 def compile_code(code):
+    """Compiles the code; returns ``(code_object, is_async, wrapped)``.
+
+    Code without a top-level ``return`` compiles as a module with top-level ``await``
+    allowed: exactly a script's semantics, at the cost of one ``compile``. Code with a
+    top-level ``return`` becomes the body of a main function (see ``compile_wrapped``).
+    """
+    try:
+        compiled = compile(code, FILENAME, "exec", flags=_TOP_LEVEL_AWAIT, dont_inherit=True)
+    except SyntaxError as exc:
+        if exc.msg != _TOP_LEVEL_RETURN:
+            raise _syntax_failure(exc) from None
+    except ValueError as exc:
+        raise Failure(SYNTAX_ERROR, _one_line(f"ValueError: {exc}")) from None
+    except (MemoryError, RecursionError) as exc:
+        raise Failure(SYNTAX_ERROR, f"{type(exc).__name__}: the code is nested too deeply") from None
+    else:
+        return compiled, bool(compiled.co_flags & _CO_COROUTINE), False
+    compiled, is_async = compile_wrapped(code)
+    return compiled, is_async, True
+
+
+def compile_wrapped(code):
     """Compiles the code into a module whose one statement defines the main function.
 
     The main function's body is the user's code; every name its top level binds is declared
@@ -515,22 +542,26 @@ def run(code, variables_json, tools, max_value_bytes, call):
         if not name.isidentifier() or name.startswith("__"):
             raise Failure(INVALID_INPUT, f"variable name {name!r} is not an identifier")
 
-    compiled, is_async = compile_code(code)
+    compiled, is_async, wrapped = compile_code(code)
     linecache.cache[FILENAME] = (len(code), None, code.splitlines(True), FILENAME)
     g = make_globals(call, tools, variables)
     try:
-        exec(compiled, g)
-        main = g.pop(MAIN)
-        # Tracebacks name the top level `<module>`, as for a script.
-        main.__code__ = main.__code__.replace(co_name="<module>", co_qualname="<module>")
+        if wrapped:
+            exec(compiled, g)
+            main = g.pop(MAIN)
+            # Tracebacks name the top level `<module>`, as for a script.
+            main.__code__ = main.__code__.replace(co_name="<module>", co_qualname="<module>")
+            result = main()
+        else:
+            result = eval(compiled, g)
         if is_async:
             loop = GuestEventLoop()
             try:
-                value = loop.run_until_complete(main())
+                value = loop.run_until_complete(result)
             finally:
                 loop.close()
         else:
-            value = main()
+            value = result if wrapped else None
     except SystemExit as exc:
         if exc.code is None or exc.code == 0:
             value = None

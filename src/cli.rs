@@ -17,6 +17,31 @@ pub struct Cli {
 pub enum Command {
     /// Run Python code in a fresh sandbox.
     Run(RunArgs),
+    /// Measure pycage side by side with native baselines on this machine.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Samples per latency case.
+    #[arg(long, default_value_t = 200)]
+    pub iterations: usize,
+
+    /// How long each throughput case runs, with a unit.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub duration: Duration,
+
+    /// The native Python for the baselines.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
+
+    /// Run only the cases whose name contains this.
+    #[arg(long)]
+    pub only: Option<String>,
+
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -1,5 +1,6 @@
 //! `pycage`: run untrusted Python in a sandbox from the command line.
 
+mod bench;
 mod cli;
 mod exit;
 mod report;
@@ -41,6 +42,7 @@ fn main() -> ExitCode {
     let exit = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            Command::Bench(args) => bench::bench(args).await,
         }
     });
     exit.into()

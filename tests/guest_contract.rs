@@ -181,8 +181,8 @@ async fn a_huge_return_value_is_refused() {
 
 #[tokio::test]
 async fn top_level_code_behaves_like_a_script() {
-    let code = "from math import *\nimport os.path as p\nx = 2\ndef f():\n    return x * floor(pi)\n\
-                class C:\n    y = x\nglobal x\nfor i in range(3):\n    pass\n\
+    let code = "global x\nfrom math import *\nimport os.path as p\nx = 2\ndef f():\n    return x * floor(pi)\n\
+                class C:\n    y = x\nfor i in range(3):\n    pass\n\
                 try:\n    1/0\nexcept ZeroDivisionError as e:\n    err = type(e).__name__\n\
                 [w := 5 for _ in range(1)]\n\
                 match {'k': 1}:\n    case {'k': v, **rest}:\n        pass\n\
@@ -211,4 +211,15 @@ async fn asyncio_works_at_the_top_level_and_inside_asyncio_run() {
     .await;
     assert_kind(&r, ErrorKind::GuestException);
     assert!(r.error.unwrap().message.contains("deadlock"));
+}
+
+#[tokio::test]
+async fn code_without_a_top_level_return_runs_as_a_module() {
+    let r = run("x = 1\ndef f():\n    return x\nprint(f(), globals() is locals(), __name__)\nr = await add(a=1, b=1)\nprint(r['sum'])").await;
+    assert!(r.ok, "{r:#?}");
+    assert_eq!(r.stdout, "1 True __main__\n2\n");
+    assert_eq!(r.value, json!(null));
+    let r =
+        run("import asyncio\nasync def main():\n    return 7\nprint(asyncio.run(main()))").await;
+    assert_eq!(r.stdout, "7\n", "{r:#?}");
 }

@@ -13,29 +13,25 @@ mod bindings;
 mod cache;
 mod classify;
 mod engine;
+mod instance;
 mod linker;
 mod output;
+mod pool;
 mod state;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use serde_json::Value;
-use wasmtime::component::ResourceTable;
-use wasmtime::{Engine, Store, UpdateDeadline};
-use wasmtime_wasi::WasiCtx;
+use wasmtime::Engine;
 
 pub use self::cache::{ArtifactSource, ENV_CACHE_DIR, default_cache_dir};
 pub use self::linker::CapabilityDenied;
 
 use self::bindings::SandboxPre;
-use self::bindings::exports::pycage::sandbox::guest::{
-    Failure, FailureKind, RunRequest, ToolBinding,
-};
-use self::classify::{Ending, Evidence};
-use self::output::CapturePipe;
-use self::state::{GuestLimiter, MAX_RESOURCES, RunState};
+use self::instance::Fresh;
+use self::pool::WarmPool;
+use self::state::RunState;
 use crate::backend::{Availability, Backend, Job, RunFuture};
 use crate::broker::Broker;
 use crate::{ErrorKind, RunError, RunResult};
@@ -44,13 +40,6 @@ include!(concat!(env!("OUT_DIR"), "/component_digest.rs"));
 
 /// The guest component, built from `guest-python/` by this crate's build script.
 static COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pycage-guest.wasm"));
-
-/// The most random bytes the guest may ask for in one call (a host-side buffer).
-const MAX_RANDOM_BYTES: u64 = 1 << 20;
-
-/// Host-side caps on the guest's failure texts (the guest caps them too; it is not trusted to).
-const MAX_MESSAGE_CHARS: usize = 2000;
-const MAX_TRACEBACK_CHARS: usize = 16_000;
 
 /// The wasm backend. Cheap to clone; clones share the engine and the compiled guest.
 #[derive(Clone)]
@@ -62,6 +51,8 @@ struct Inner {
     engine: Engine,
     cache_dir: Option<PathBuf>,
     prepared: tokio::sync::OnceCell<Prepared>,
+    pool: Option<WarmPool>,
+    meter_fuel: bool,
 }
 
 struct Prepared {
@@ -73,11 +64,88 @@ impl std::fmt::Debug for WasmBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WasmBackend")
             .field("cache_dir", &self.inner.cache_dir)
+            .field("warm_pool", &self.inner.pool.as_ref().map(|p| p.ready()))
             .finish_non_exhaustive()
     }
 }
 
+/// Builds a [`WasmBackend`].
+#[derive(Debug, Clone)]
+pub struct WasmBackendBuilder {
+    cache_dir: Option<PathBuf>,
+    warm_pool: usize,
+    max_instances: u32,
+    meter_fuel: bool,
+}
+
+impl Default for WasmBackendBuilder {
+    fn default() -> Self {
+        WasmBackendBuilder {
+            cache_dir: default_cache_dir(),
+            warm_pool: 0,
+            max_instances: engine::DEFAULT_MAX_INSTANCES,
+            meter_fuel: true,
+        }
+    }
+}
+
+impl WasmBackendBuilder {
+    /// Where compiled artifacts are cached; `None` compiles in every process. Default:
+    /// [`default_cache_dir`].
+    pub fn cache_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.cache_dir = dir;
+        self
+    }
+
+    /// Keeps `n` guest instances instantiated ahead of time (default 0: none). A run takes a
+    /// never-used instance, so its latency is only its execution; instances are never reused.
+    pub fn warm_pool(mut self, n: usize) -> Self {
+        self.warm_pool = n;
+        self
+    }
+
+    /// The most guest instances alive at once, including the warm pool (default 1000). The
+    /// pooling allocator reserves address space for this many up front.
+    pub fn max_instances(mut self, n: u32) -> Self {
+        self.max_instances = n.max(1);
+        self
+    }
+
+    /// Meters fuel (default true). Without metering, runs report no fuel and refuse fuel
+    /// budgets; the compiled code is a little faster (see `pycage bench`).
+    pub fn meter_fuel(mut self, meter: bool) -> Self {
+        self.meter_fuel = meter;
+        self
+    }
+
+    /// Creates the backend (the guest itself is loaded on first use, or by
+    /// [`WasmBackend::prepare`]).
+    ///
+    /// # Errors
+    ///
+    /// When the engine cannot be created.
+    pub fn build(self) -> Result<WasmBackend, String> {
+        let max_instances = self.max_instances.max(self.warm_pool as u32 + 1);
+        let engine = engine::new_engine(max_instances, self.meter_fuel)
+            .map_err(|e| format!("creating the wasm engine: {e}"))?;
+        Ok(WasmBackend {
+            inner: Arc::new(Inner {
+                engine,
+                cache_dir: self.cache_dir,
+                prepared: tokio::sync::OnceCell::new(),
+                pool: (self.warm_pool > 0).then(|| WarmPool::new(self.warm_pool)),
+                meter_fuel: self.meter_fuel,
+            }),
+        })
+    }
+}
+
 impl WasmBackend {
+    /// A builder with the defaults: the default cache directory, no warm pool.
+    pub fn builder() -> WasmBackendBuilder {
+        WasmBackendBuilder::default()
+    }
+
     /// A backend with its own engine, caching compiled artifacts in `cache_dir` (`None`: no
     /// cache; every process compiles the guest).
     ///
@@ -85,14 +153,7 @@ impl WasmBackend {
     ///
     /// When the engine cannot be created (for example, the host cannot start a thread).
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Self, String> {
-        let engine = engine::new_engine().map_err(|e| format!("creating the wasm engine: {e}"))?;
-        Ok(WasmBackend {
-            inner: Arc::new(Inner {
-                engine,
-                cache_dir,
-                prepared: tokio::sync::OnceCell::new(),
-            }),
-        })
+        Self::builder().cache_dir(cache_dir).build()
     }
 
     /// The process-wide backend with the default cache directory ([`default_cache_dir`]).
@@ -104,7 +165,7 @@ impl WasmBackend {
     pub fn shared() -> Result<Self, String> {
         static SHARED: OnceLock<Result<WasmBackend, String>> = OnceLock::new();
         SHARED
-            .get_or_init(|| WasmBackend::new(default_cache_dir()))
+            .get_or_init(|| WasmBackend::builder().build())
             .clone()
     }
 
@@ -119,8 +180,14 @@ impl WasmBackend {
             || cache::is_cached(&self.inner.engine, COMPONENT_DIGEST, self.cache_dir())
     }
 
-    /// Loads (or compiles, then caches) the guest. Runs do this on first use; call it to pay
-    /// the cost up front. Compiling takes seconds and runs on a blocking thread.
+    /// How many pre-instantiated guests are waiting in the warm pool.
+    pub fn warm_instances(&self) -> usize {
+        self.inner.pool.as_ref().map_or(0, WarmPool::ready)
+    }
+
+    /// Loads (or compiles, then caches) the guest, and starts filling the warm pool. Runs do
+    /// this on first use; call it to pay the cost up front. Compiling takes seconds and runs
+    /// on a blocking thread.
     ///
     /// # Errors
     ///
@@ -136,6 +203,9 @@ impl WasmBackend {
                     .map_err(|e| format!("preparing the guest panicked: {e}"))?
             })
             .await?;
+        if let Some(pool) = &self.inner.pool {
+            pool.ensure_filler(Arc::downgrade(&self.inner));
+        }
         Ok(prepared.source)
     }
 
@@ -171,107 +241,54 @@ impl WasmBackend {
                 "the wasm sandbox could not be prepared",
             ));
         }
-        let Some(prepared) = self.inner.prepared.get() else {
-            return fail(RunError::new(
-                ErrorKind::BackendError,
-                "the wasm sandbox is not ready",
-            ));
-        };
-        let limits = &job.limits;
-        let deadline = Instant::now() + limits.wall_timeout();
-        let stdout = CapturePipe::new(limits.max_output_bytes());
-        let stderr = CapturePipe::new(limits.max_output_bytes());
-        let mut store = match new_store(
-            &self.inner.engine,
-            &job,
-            &broker,
-            deadline,
-            &stdout,
-            &stderr,
-        ) {
-            Ok(store) => store,
-            Err(e) => {
-                tracing::error!(error = ?e, "pycage: creating a store failed");
-                return fail(RunError::new(
-                    ErrorKind::BackendError,
-                    "the sandbox could not start",
-                ));
-            }
-        };
-        let request = RunRequest {
-            code: job.code,
-            vars_json: Value::Object(job.vars).to_string(),
-            tools: broker
-                .tools()
-                .bindings()
-                .iter()
-                .filter_map(|b| {
-                    Some(ToolBinding {
-                        binding: b.binding.clone()?,
-                        qualified: b.qualified.clone(),
-                        description: b.description.clone(),
-                    })
-                })
-                .collect(),
-            max_value_bytes: limits.max_value_bytes(),
-        };
-
-        let outcome = {
-            let run = async {
-                let sandbox = prepared.pre.instantiate_async(&mut store).await?;
-                sandbox
-                    .pycage_sandbox_guest()
-                    .call_run(&mut store, &request)
-                    .await
-            };
-            // Epoch interruption stops a guest that computes; this stops one that waits in a
-            // host call (a sleep, a slow tool), where no epoch check runs.
-            tokio::time::timeout_at(deadline.into(), run).await
-        };
-
-        let fuel_left = store.get_fuel().unwrap_or(0);
-        let fuel_start = limits.fuel().unwrap_or(u64::MAX);
-        let state = store.data();
-        let evidence = Evidence {
-            memory_denied: state.limiter.denied,
-            fuel_budget: limits.fuel(),
-        };
-        let ending = match outcome {
-            Err(_elapsed) => Err(RunError::new(
-                ErrorKind::Timeout,
-                "the wall-clock limit was reached",
-            )),
-            Ok(Err(error)) => match classify::classify(&error, evidence) {
-                Ending::CleanExit => Ok(Value::Null),
-                Ending::Failed(e) => Err(e),
+        let fresh = match self.inner.pool.as_ref().and_then(WarmPool::take) {
+            Some(fresh) => fresh,
+            None => match self.inner.instantiate().await {
+                Ok(fresh) => fresh,
+                Err(e) => {
+                    tracing::error!(error = ?e, "pycage: instantiating the guest failed");
+                    return fail(RunError::new(
+                        ErrorKind::BackendError,
+                        "the sandbox could not start",
+                    ));
+                }
             },
-            Ok(Ok(Err(failure))) => Err(failure_error(failure, state)),
-            Ok(Ok(Ok(json))) => decode_value(&json, limits.max_value_bytes()),
         };
-        let out = stdout.captured();
-        let err = stderr.captured();
-        let (ok, value, error) = match ending {
+        let outcome = fresh.run(job, broker.clone()).await;
+        let (ok, value, error) = match outcome.value {
             Ok(value) => (true, value, None),
-            Err(e) => (false, Value::Null, Some(e)),
+            Err(e) => (false, serde_json::Value::Null, Some(e)),
         };
         RunResult {
             ok,
             value,
-            stdout: out.text,
-            stderr: err.text,
-            stdout_truncated: out.truncated,
-            stderr_truncated: err.truncated,
+            stdout: outcome.stdout.text,
+            stderr: outcome.stderr.text,
+            stdout_truncated: outcome.stdout.truncated,
+            stderr_truncated: outcome.stderr.truncated,
             timed_out: error.as_ref().is_some_and(|e| e.kind == ErrorKind::Timeout),
             error,
             tool_calls: broker.executed(),
-            fuel_consumed: Some(fuel_start.saturating_sub(fuel_left)),
+            fuel_consumed: outcome.fuel_consumed,
             duration: started.elapsed(),
             backend: self.name().to_owned(),
         }
     }
 }
 
+impl Inner {
+    /// A fresh guest instance. Requires `prepared`.
+    async fn instantiate(&self) -> wasmtime::Result<Fresh> {
+        let prepared = self
+            .prepared
+            .get()
+            .ok_or_else(|| wasmtime::format_err!("the guest is not prepared"))?;
+        Fresh::new(&self.engine, &prepared.pre, self.meter_fuel).await
+    }
+}
+
 fn prepare_blocking(inner: &Inner) -> Result<Prepared, String> {
+    let started = Instant::now();
     let (component, source) = cache::load_or_compile(
         &inner.engine,
         COMPONENT,
@@ -279,6 +296,7 @@ fn prepare_blocking(inner: &Inner) -> Result<Prepared, String> {
         inner.cache_dir.as_deref(),
     )
     .map_err(|e| format!("compiling the guest: {e}"))?;
+    let loaded = started.elapsed();
     let linker =
         linker::build(&inner.engine, &component).map_err(|e| format!("linking the guest: {e}"))?;
     let pre = linker
@@ -286,102 +304,8 @@ fn prepare_blocking(inner: &Inner) -> Result<Prepared, String> {
         .map_err(|e| format!("pre-instantiating the guest: {e}"))?;
     let pre =
         SandboxPre::new(pre).map_err(|e| format!("the guest does not fit the contract: {e}"))?;
+    tracing::debug!(?source, ?loaded, total = ?started.elapsed(), "pycage: guest prepared");
     Ok(Prepared { pre, source })
-}
-
-fn new_store(
-    engine: &Engine,
-    job: &Job,
-    broker: &Arc<Broker>,
-    deadline: Instant,
-    stdout: &CapturePipe,
-    stderr: &CapturePipe,
-) -> wasmtime::Result<Store<RunState>> {
-    // Deny by construction: no args, no environment, no preopened directories, stdin closed.
-    let wasi = WasiCtx::builder()
-        .stdout(stdout.clone())
-        .stderr(stderr.clone())
-        .max_random_size(MAX_RANDOM_BYTES)
-        .build();
-    let mut table = ResourceTable::new();
-    table.set_max_capacity(MAX_RESOURCES);
-    let state = RunState {
-        wasi,
-        table,
-        limiter: GuestLimiter::new(job.limits.memory_bytes()),
-        broker: broker.clone(),
-        deadline,
-        denied_capability: None,
-    };
-    let mut store = Store::new(engine, state);
-    store.limiter(|s| &mut s.limiter);
-    store.set_fuel(job.limits.fuel().unwrap_or(u64::MAX))?;
-    store.set_epoch_deadline(1);
-    store.epoch_deadline_callback(|ctx| {
-        if Instant::now() >= ctx.data().deadline {
-            Ok(UpdateDeadline::Interrupt)
-        } else {
-            Ok(UpdateDeadline::Yield(1))
-        }
-    });
-    Ok(store)
-}
-
-/// Maps the guest's own report of a failed run, checking it against what the host saw.
-fn failure_error(failure: Failure, state: &RunState) -> RunError {
-    let exception = failure.exception.map(|e| cap_chars(&e, 200));
-    let kind = match failure.kind {
-        FailureKind::SyntaxError => ErrorKind::SyntaxError,
-        FailureKind::InvalidInput => ErrorKind::InvalidInput,
-        FailureKind::ValueTooLarge => ErrorKind::ValueTooLarge,
-        FailureKind::GuestException => match exception.as_deref() {
-            Some("MemoryError") if state.limiter.denied => ErrorKind::MemoryLimit,
-            Some("PermissionError") if state.denied_capability.is_some() => {
-                ErrorKind::CapabilityDenied
-            }
-            _ => ErrorKind::GuestException,
-        },
-    };
-    let mut message = cap_chars(&failure.message, MAX_MESSAGE_CHARS);
-    if kind == ErrorKind::CapabilityDenied
-        && let Some(import) = &state.denied_capability
-    {
-        message = format!("{message} (the sandbox does not grant `{import}`)");
-    }
-    RunError {
-        kind,
-        message,
-        traceback: failure
-            .traceback
-            .map(|t| cap_chars(&t, MAX_TRACEBACK_CHARS)),
-        exception,
-    }
-}
-
-/// The guest's value JSON, checked on the host: within the cap, and valid JSON.
-fn decode_value(json: &str, max_bytes: u64) -> Result<Value, RunError> {
-    if json.len() as u64 > max_bytes {
-        return Err(RunError::new(
-            ErrorKind::ValueTooLarge,
-            format!(
-                "the return value is {} bytes of JSON; the limit is {max_bytes}",
-                json.len()
-            ),
-        ));
-    }
-    serde_json::from_str(json).map_err(|_| {
-        RunError::new(
-            ErrorKind::GuestException,
-            "the return value is not valid JSON",
-        )
-    })
-}
-
-fn cap_chars(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        None => text.to_owned(),
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-    }
 }
 
 impl Backend for WasmBackend {

@@ -2,7 +2,18 @@
 
 use std::time::Duration;
 
-use wasmtime::{Config, Engine, WasmBacktraceDetails};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, WasmBacktraceDetails,
+};
+
+use crate::MAX_MEMORY_BYTES;
+
+/// The default ceiling on guest instances alive at once.
+pub(crate) const DEFAULT_MAX_INSTANCES: u32 = 1000;
+
+/// Core module instances in one guest component (14 today: libc, libpython, the runtime, the
+/// linking shims); with headroom for a new componentize-py.
+const CORE_INSTANCES_PER_GUEST: u32 = 32;
 
 /// How often the ticker advances the engine's epoch. Each tick lets a running guest check its
 /// deadline and yield to the async runtime, so this is both the wall-clock precision and the
@@ -18,11 +29,11 @@ const MAX_WASM_STACK: usize = 64 << 20;
 const ASYNC_STACK: usize = MAX_WASM_STACK + (2 << 20);
 
 /// The configuration every pycage engine uses. The compiled-artifact cache key includes it.
-pub(crate) fn config() -> Config {
+pub(crate) fn config(meter_fuel: bool) -> Config {
     let mut config = Config::new();
     config
         .wasm_component_model(true)
-        .consume_fuel(true)
+        .consume_fuel(meter_fuel)
         .epoch_interruption(true)
         .max_wasm_stack(MAX_WASM_STACK)
         .async_stack_size(ASYNC_STACK)
@@ -30,10 +41,38 @@ pub(crate) fn config() -> Config {
     config
 }
 
+/// The pooling allocator, sized for the CPython guest: instances, memories, tables and fiber
+/// stacks come from slots reserved once, so creating an instance maps memory instead of
+/// allocating it, and the guest's 20 MiB heap snapshot is a copy-on-write image.
+fn pooling(max_instances: u32) -> PoolingAllocationConfig {
+    let mut p = PoolingAllocationConfig::new();
+    p.total_component_instances(max_instances)
+        .max_core_instances_per_component(CORE_INSTANCES_PER_GUEST)
+        .total_core_instances(max_instances.saturating_mul(16))
+        .max_memories_per_component(4)
+        .total_memories(max_instances)
+        .max_tables_per_component(4)
+        .total_tables(max_instances.saturating_mul(2))
+        // CPython's function table holds about 5,700 entries.
+        .table_elements(16 * 1024)
+        .max_memory_size(MAX_MEMORY_BYTES as usize)
+        .total_stacks(max_instances);
+    p
+}
+
 /// Creates an engine and starts its one epoch ticker. The ticker holds only a weak reference
-/// and stops when the engine is dropped.
-pub(crate) fn new_engine() -> wasmtime::Result<Engine> {
-    let engine = Engine::new(&config())?;
+/// and stops when the engine is dropped. The pooling allocator is used where the host lets it
+/// reserve its address space; otherwise instances are allocated on demand.
+pub(crate) fn new_engine(max_instances: u32, meter_fuel: bool) -> wasmtime::Result<Engine> {
+    let mut pooled = config(meter_fuel);
+    pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(max_instances)));
+    let engine = match Engine::new(&pooled) {
+        Ok(engine) => engine,
+        Err(e) => {
+            tracing::warn!(error = %e, "pycage: pooling allocator unavailable; allocating on demand");
+            Engine::new(&config(meter_fuel))?
+        }
+    };
     let weak = engine.weak();
     std::thread::Builder::new()
         .name("pycage-epoch".into())

@@ -204,7 +204,7 @@ async fn deny_call(
     }
     tracing::info!(
         target: "pycage::audit",
-        run = %store.data().broker.run_id(),
+        run = store.data().broker.as_ref().map_or("-", |b| b.run_id()),
         import,
         "capability denied"
     );
@@ -234,7 +234,9 @@ impl host::Host for RunState {
         name: String,
         args_json: String,
     ) -> Result<String, host::ToolError> {
-        let broker = self.broker.clone();
+        let Some(broker) = self.broker.clone() else {
+            return Err(host::ToolError::Denied("no run is in progress".into()));
+        };
         broker.call(&name, &args_json).await.map_err(|e| match e {
             CallError::NotFound(m) => host::ToolError::NotFound(m),
             CallError::InvalidArguments(m) => host::ToolError::InvalidArguments(m),

@@ -53,6 +53,19 @@ impl CapturePipe {
         })))
     }
 
+    /// Empties the pipe and sets a new budget (a pre-instantiated guest learns its run's
+    /// output cap only when the run starts).
+    pub fn reset(&self, budget: u64) {
+        let budget = usize::try_from(budget).unwrap_or(usize::MAX);
+        let head_cap = budget.div_ceil(2);
+        let mut c = self.lock();
+        c.head.clear();
+        c.tail.clear();
+        c.head_cap = head_cap;
+        c.tail_cap = budget - head_cap;
+        c.total = 0;
+    }
+
     fn lock(&self) -> MutexGuard<'_, Capture> {
         // A poisoned lock only means another writer panicked mid-append; the bytes are still
         // a valid (if odd) capture.
@@ -217,6 +230,28 @@ mod tests {
         let c = capture(0, &[b"a"]);
         assert!(c.truncated);
         assert_eq!(c.text, "\n[... 1 bytes cut by pycage ...]\n");
+    }
+
+    #[test]
+    fn reset_empties_and_rebudgets() {
+        let pipe = CapturePipe::new(4);
+        pipe.push(b"abcdefgh");
+        pipe.reset(100);
+        assert_eq!(
+            pipe.captured(),
+            Captured {
+                text: String::new(),
+                truncated: false
+            }
+        );
+        pipe.push(b"abcdefgh");
+        assert_eq!(
+            pipe.captured(),
+            Captured {
+                text: "abcdefgh".into(),
+                truncated: false
+            }
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::output::CapturePipe;
 use crate::broker::Broker;
 
 /// The most WASI resources (streams, pollables, descriptors) a guest may hold at once. Each
@@ -22,11 +23,14 @@ pub(crate) struct RunState {
     pub wasi: WasiCtx,
     pub table: ResourceTable,
     pub limiter: GuestLimiter,
-    pub broker: Arc<Broker>,
-    /// The run's wall-clock deadline, checked at every epoch tick.
+    /// The run's broker; `None` until a run starts (a pre-instantiated guest has none).
+    pub broker: Option<Arc<Broker>>,
+    /// The wall-clock deadline, checked at every epoch tick.
     pub deadline: Instant,
     /// Set when the guest called a WASI capability the sandbox does not grant.
     pub denied_capability: Option<String>,
+    pub stdout: CapturePipe,
+    pub stderr: CapturePipe,
 }
 
 impl WasiView for RunState {
@@ -55,6 +59,16 @@ impl GuestLimiter {
             used: 0,
             denied: false,
         }
+    }
+
+    /// Sets the limit for the run about to start. Memory already held counts against it.
+    pub fn set_limit(&mut self, limit: u64) {
+        self.limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    }
+
+    /// True when the guest already holds more than the limit.
+    pub fn over_limit(&self) -> bool {
+        self.used > self.limit
     }
 
     /// Bytes of linear memory the guest holds.

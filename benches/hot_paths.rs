@@ -1,0 +1,72 @@
+//! Criterion benches for pycage's hot paths, so regressions show in review.
+//!
+//! `cargo bench --bench hot_paths`. The side-by-side comparison with native baselines is
+//! `pycage bench`; these track pycage against itself over time.
+
+use std::sync::Arc;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use pycage::{Broker, Limits, Runner, ToolPolicy, WasmBackend};
+use pycage_tools::ToolRegistry;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+fn runner(backend: WasmBackend) -> Runner {
+    Runner::builder()
+        .backend(Arc::new(backend))
+        .tools(ToolRegistry::with_builtins())
+        .policy(ToolPolicy::new().namespace("math"))
+        .limits(Limits::builder().max_tool_calls(1_000_000).build().unwrap())
+        .build()
+        .unwrap()
+}
+
+fn fresh_sandbox(c: &mut Criterion) {
+    let rt = runtime();
+    let backend = WasmBackend::builder().build().unwrap();
+    rt.block_on(backend.prepare()).unwrap();
+    let r = runner(backend);
+    c.bench_function("fresh_sandbox_pass", |b| {
+        b.to_async(&rt)
+            .iter(|| async { assert!(r.run("pass").await.ok) })
+    });
+    c.bench_function("fresh_sandbox_print", |b| {
+        b.to_async(&rt)
+            .iter(|| async { assert!(r.run("print('hi')").await.ok) })
+    });
+}
+
+fn tool_calls(c: &mut Criterion) {
+    let rt = runtime();
+    let backend = WasmBackend::builder().build().unwrap();
+    rt.block_on(backend.prepare()).unwrap();
+    let r = runner(backend);
+    // 1000 calls per run: the run's fixed cost is amortised away.
+    let code = "for _ in range(1000):\n    call_tool('add', a=1, b=2)";
+    c.bench_function("tool_call_x1000", |b| {
+        b.to_async(&rt)
+            .iter(|| async { assert!(r.run(code).await.ok) })
+    });
+}
+
+fn broker_only(c: &mut Criterion) {
+    let rt = runtime();
+    let exposed = ToolPolicy::new()
+        .namespace("math")
+        .resolve(&ToolRegistry::with_builtins())
+        .unwrap();
+    let limits = Limits::builder().max_tool_calls(u32::MAX).build().unwrap();
+    let broker = Broker::new("bench", exposed, &limits);
+    c.bench_function("broker_call_add", |b| {
+        b.to_async(&rt)
+            .iter(|| async { broker.call("add", r#"{"a": 1, "b": 2}"#).await.unwrap() })
+    });
+}
+
+criterion_group!(benches, fresh_sandbox, tool_calls, broker_only);
+criterion_main!(benches);

@@ -1,0 +1,262 @@
+//! One guest instance: created fresh, used for exactly one run, then dropped.
+//!
+//! A [`Fresh`] instance is instantiated before its run is known (possibly ahead of time, by
+//! the warm pool), so everything run-specific — limits, broker, deadline, output caps — is set
+//! when the run starts. Fuel is counted from that moment too, so a pooled and an unpooled run
+//! of the same code report the same fuel.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use wasmtime::component::ResourceTable;
+use wasmtime::{Engine, Store, UpdateDeadline};
+use wasmtime_wasi::WasiCtx;
+
+use super::bindings::exports::pycage::sandbox::guest::{
+    Failure, FailureKind, RunRequest, ToolBinding,
+};
+use super::bindings::{Sandbox, SandboxPre};
+use super::classify::{self, Ending, Evidence};
+use super::output::CapturePipe;
+use super::state::{GuestLimiter, MAX_RESOURCES, RunState};
+use crate::backend::Job;
+use crate::broker::Broker;
+use crate::{ErrorKind, MAX_MEMORY_BYTES, RunError};
+
+/// The most random bytes the guest may ask for in one call (a host-side buffer).
+const MAX_RANDOM_BYTES: u64 = 1 << 20;
+
+/// How long instantiating may take before it counts as hung.
+const INSTANTIATE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Host-side caps on the guest's failure texts (the guest caps them too; it is not trusted to).
+const MAX_MESSAGE_CHARS: usize = 2000;
+const MAX_TRACEBACK_CHARS: usize = 16_000;
+
+/// An instantiated guest that has never run.
+pub(crate) struct Fresh {
+    store: Store<RunState>,
+    sandbox: Sandbox,
+    meter_fuel: bool,
+}
+
+/// What one run produced, before the backend wraps it in a `RunResult`.
+pub(crate) struct Outcome {
+    pub value: Result<Value, RunError>,
+    pub stdout: super::output::Captured,
+    pub stderr: super::output::Captured,
+    pub fuel_consumed: Option<u64>,
+}
+
+impl Fresh {
+    /// Instantiates a guest in a new store. Deny by construction: no args, no environment, no
+    /// preopened directories, stdin closed, stdout and stderr captured.
+    pub async fn new(
+        engine: &Engine,
+        pre: &SandboxPre<RunState>,
+        meter_fuel: bool,
+    ) -> wasmtime::Result<Fresh> {
+        let stdout = CapturePipe::new(0);
+        let stderr = CapturePipe::new(0);
+        let wasi = WasiCtx::builder()
+            .stdout(stdout.clone())
+            .stderr(stderr.clone())
+            .max_random_size(MAX_RANDOM_BYTES)
+            .build();
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(MAX_RESOURCES);
+        let state = RunState {
+            wasi,
+            table,
+            limiter: GuestLimiter::new(MAX_MEMORY_BYTES),
+            broker: None,
+            deadline: Instant::now() + INSTANTIATE_TIMEOUT,
+            denied_capability: None,
+            stdout,
+            stderr,
+        };
+        let mut store = Store::new(engine, state);
+        store.limiter(|s| &mut s.limiter);
+        if meter_fuel {
+            store.set_fuel(u64::MAX)?;
+        }
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(|ctx| {
+            if Instant::now() >= ctx.data().deadline {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        let sandbox = pre.instantiate_async(&mut store).await?;
+        Ok(Fresh {
+            store,
+            sandbox,
+            meter_fuel,
+        })
+    }
+
+    /// Runs one job in this instance, consuming it.
+    pub async fn run(self, job: Job, broker: Arc<Broker>) -> Outcome {
+        let Fresh {
+            mut store,
+            sandbox,
+            meter_fuel,
+        } = self;
+        let limits = &job.limits;
+        let deadline = Instant::now() + limits.wall_timeout();
+        let budget = limits.fuel().unwrap_or(u64::MAX);
+        {
+            let state = store.data_mut();
+            state.limiter.set_limit(limits.memory_bytes());
+            state.stdout.reset(limits.max_output_bytes());
+            state.stderr.reset(limits.max_output_bytes());
+            state.deadline = deadline;
+            state.broker = Some(broker.clone());
+        }
+        let refused = if store.data().limiter.over_limit() {
+            Some(RunError::new(
+                ErrorKind::MemoryLimit,
+                "the memory limit is below what the interpreter needs to start",
+            ))
+        } else if limits.fuel().is_some() && !meter_fuel {
+            Some(RunError::new(
+                ErrorKind::InvalidInput,
+                "a fuel budget needs a backend that meters fuel",
+            ))
+        } else {
+            None
+        };
+        if let Some(error) = refused {
+            return Outcome {
+                value: Err(error),
+                stdout: store.data().stdout.captured(),
+                stderr: store.data().stderr.captured(),
+                fuel_consumed: None,
+            };
+        }
+        let fuel_set = if meter_fuel {
+            store.set_fuel(budget)
+        } else {
+            Ok(())
+        };
+        let request = RunRequest {
+            code: job.code,
+            vars_json: Value::Object(job.vars).to_string(),
+            tools: bindings_for(&broker),
+            max_value_bytes: limits.max_value_bytes(),
+        };
+
+        let outcome = match fuel_set {
+            Err(e) => Ok(Err(e)),
+            Ok(()) => {
+                let run = sandbox
+                    .pycage_sandbox_guest()
+                    .call_run(&mut store, &request);
+                // Epoch interruption stops a guest that computes; this stops one that waits
+                // in a host call (a sleep, a slow tool), where no epoch check runs.
+                tokio::time::timeout_at(deadline.into(), run).await
+            }
+        };
+
+        let fuel_consumed =
+            meter_fuel.then(|| budget.saturating_sub(store.get_fuel().unwrap_or(0)));
+        let state = store.data();
+        let evidence = Evidence {
+            memory_denied: state.limiter.denied,
+            fuel_budget: limits.fuel(),
+        };
+        let value = match outcome {
+            Err(_elapsed) => Err(RunError::new(
+                ErrorKind::Timeout,
+                "the wall-clock limit was reached",
+            )),
+            Ok(Err(error)) => match classify::classify(&error, evidence) {
+                Ending::CleanExit => Ok(Value::Null),
+                Ending::Failed(e) => Err(e),
+            },
+            Ok(Ok(Err(failure))) => Err(failure_error(failure, state)),
+            Ok(Ok(Ok(json))) => decode_value(&json, limits.max_value_bytes()),
+        };
+        Outcome {
+            value,
+            stdout: state.stdout.captured(),
+            stderr: state.stderr.captured(),
+            fuel_consumed,
+        }
+    }
+}
+
+/// The async functions the guest defines: one per exposed tool with an unambiguous bare name.
+fn bindings_for(broker: &Broker) -> Vec<ToolBinding> {
+    broker
+        .tools()
+        .bindings()
+        .iter()
+        .filter_map(|b| {
+            Some(ToolBinding {
+                binding: b.binding.clone()?,
+                qualified: b.qualified.clone(),
+                description: b.description.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Maps the guest's own report of a failed run, checking it against what the host saw.
+fn failure_error(failure: Failure, state: &RunState) -> RunError {
+    let exception = failure.exception.map(|e| cap_chars(&e, 200));
+    let kind = match failure.kind {
+        FailureKind::SyntaxError => ErrorKind::SyntaxError,
+        FailureKind::InvalidInput => ErrorKind::InvalidInput,
+        FailureKind::ValueTooLarge => ErrorKind::ValueTooLarge,
+        FailureKind::GuestException => match exception.as_deref() {
+            Some("MemoryError") if state.limiter.denied => ErrorKind::MemoryLimit,
+            Some("PermissionError") if state.denied_capability.is_some() => {
+                ErrorKind::CapabilityDenied
+            }
+            _ => ErrorKind::GuestException,
+        },
+    };
+    let mut message = cap_chars(&failure.message, MAX_MESSAGE_CHARS);
+    if kind == ErrorKind::CapabilityDenied
+        && let Some(import) = &state.denied_capability
+    {
+        message = format!("{message} (the sandbox does not grant `{import}`)");
+    }
+    RunError {
+        kind,
+        message,
+        traceback: failure
+            .traceback
+            .map(|t| cap_chars(&t, MAX_TRACEBACK_CHARS)),
+        exception,
+    }
+}
+
+/// The guest's value JSON, checked on the host: within the cap, and valid JSON.
+fn decode_value(json: &str, max_bytes: u64) -> Result<Value, RunError> {
+    if json.len() as u64 > max_bytes {
+        return Err(RunError::new(
+            ErrorKind::ValueTooLarge,
+            format!(
+                "the return value is {} bytes of JSON; the limit is {max_bytes}",
+                json.len()
+            ),
+        ));
+    }
+    serde_json::from_str(json).map_err(|_| {
+        RunError::new(
+            ErrorKind::GuestException,
+            "the return value is not valid JSON",
+        )
+    })
+}
+
+fn cap_chars(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_owned(),
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+    }
+}

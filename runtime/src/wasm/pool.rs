@@ -1,0 +1,80 @@
+//! The warm pool: guest instances instantiated ahead of time, so a run's latency is only its
+//! execution.
+//!
+//! Instances are never reused: a run takes a never-used instance out of the pool and drops it
+//! afterwards, and a background task instantiates a replacement. The pool only moves the
+//! instantiation cost off the run's critical path; it does not change what a run can see.
+
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::Inner;
+use super::instance::Fresh;
+
+/// Ready instances plus the task that keeps them topped up.
+pub(crate) struct WarmPool {
+    target: usize,
+    ready: Mutex<Vec<Fresh>>,
+    wake: Arc<Notify>,
+    filler: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl WarmPool {
+    pub fn new(target: usize) -> Self {
+        WarmPool {
+            target,
+            ready: Mutex::new(Vec::with_capacity(target)),
+            wake: Arc::new(Notify::new()),
+            filler: Mutex::new(None),
+        }
+    }
+
+    /// A ready instance, if the pool has one. Wakes the filler to replace it.
+    pub fn take(&self) -> Option<Fresh> {
+        let fresh = lock(&self.ready).pop();
+        self.wake.notify_one();
+        fresh
+    }
+
+    /// How many instances are ready now.
+    pub fn ready(&self) -> usize {
+        lock(&self.ready).len()
+    }
+
+    /// Starts the filler on the current tokio runtime unless one is running. A filler dies
+    /// with the runtime it was spawned on, so this is checked on every run.
+    pub fn ensure_filler(&self, backend: Weak<Inner>) {
+        let mut filler = lock(&self.filler);
+        if filler.as_ref().is_some_and(|h| !h.is_finished()) {
+            return;
+        }
+        *filler = Some(tokio::spawn(fill(backend)));
+    }
+}
+
+async fn fill(backend: Weak<Inner>) {
+    loop {
+        let Some(b) = backend.upgrade() else { return };
+        let Some(pool) = b.pool.as_ref() else { return };
+        let wake = pool.wake.clone();
+        while pool.ready() < pool.target {
+            match b.instantiate().await {
+                Ok(fresh) => lock(&pool.ready).push(fresh),
+                Err(e) => {
+                    tracing::error!(error = %e, "pycage: the warm pool could not instantiate a guest");
+                    return;
+                }
+            }
+        }
+        // Hold no strong reference while idle, so the backend can be dropped. A wake-up sent
+        // in between is kept by `Notify` as a permit, so none is lost.
+        drop(b);
+        wake.notified().await;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

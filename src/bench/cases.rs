@@ -1,0 +1,363 @@
+//! The benchmark cases and their baselines.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use pycage::{Limits, RunResult, Runner, ToolPolicy, WasmBackend};
+use pycage_tools::ToolRegistry;
+
+use super::{Baseline, Figure, Row, Settings, Summary};
+
+/// The compute case of the performance issue, timed inside the interpreter.
+const COMPUTE: &str = "sum(i*i for i in range(10**6))";
+const JSON_10K: &str = "json.loads(json.dumps([{'id': i, 'name': 'n%d' % i, 'tags': ['a', 'b'], 'score': i / 3} for i in range(10000)]))";
+const REGEX_1MB: &str =
+    "len(re.findall(r'[a-z]+@[a-z]+\\.com', ('x' * 90 + ' ab@cd.com ') * 10000))";
+
+/// Runs every case (or those whose name contains `only`).
+pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, String> {
+    let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
+    let fresh = runner(WasmBackend::builder().build()?, 100)?;
+    let backend = WasmBackend::builder().build()?;
+    eprintln!("pycage bench: preparing the guest...");
+    backend.prepare().await?;
+    let mut rows = Vec::new();
+
+    if wanted("fresh_pass") {
+        rows.push(Row {
+            case: "fresh_pass",
+            unit: "us",
+            pycage: Figure::Latency(latency(&fresh, "pass", s.iterations).await?),
+            baseline: None,
+            target: Some("p50 <= 0.8 ms, p99 <= 2 ms"),
+        });
+    }
+    if wanted("fresh_print") {
+        rows.push(Row {
+            case: "fresh_print",
+            unit: "us",
+            pycage: Figure::Latency(latency(&fresh, "print('hi')", s.iterations).await?),
+            baseline: None,
+            target: None,
+        });
+    }
+    if wanted("pool_print") {
+        let pooled = WasmBackend::builder().warm_pool(4).build()?;
+        pooled.prepare().await?;
+        let r = runner(pooled.clone(), 100)?;
+        let mut samples = Vec::with_capacity(s.iterations);
+        for _ in 0..s.iterations {
+            // Measure the idle case: the pool has had time to refill.
+            while pooled.warm_instances() < 4 {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            let t = Instant::now();
+            check(r.run("print('hi')").await)?;
+            samples.push(us(t.elapsed()));
+        }
+        rows.push(Row {
+            case: "pool_print",
+            unit: "us",
+            pycage: Figure::Latency(Summary::of(samples)),
+            baseline: None,
+            target: Some("p50 <= 0.4 ms"),
+        });
+    }
+    for (case, work, import) in [
+        ("compute_sum_squares", COMPUTE, ""),
+        ("json_roundtrip_10k", JSON_10K, "import json"),
+        ("regex_1mb", REGEX_1MB, "import re"),
+    ] {
+        if !wanted(case) {
+            continue;
+        }
+        let inside = in_guest_seconds(&fresh, import, work, 5).await?;
+        let native = native_seconds(&s.python, import, work, 5)?;
+        rows.push(Row {
+            case,
+            unit: "us",
+            pycage: Figure::Latency(inside),
+            baseline: Some(Baseline {
+                name: format!("{} -I -S (in-process time)", s.python),
+                figure: Figure::Latency(native),
+            }),
+            target: (case == "compute_sum_squares").then_some("<= 2x native"),
+        });
+    }
+    if wanted("fuel_overhead") {
+        let unmetered = WasmBackend::builder().meter_fuel(false).build()?;
+        eprintln!("pycage bench: preparing an unmetered engine (compiles once)...");
+        unmetered.prepare().await?;
+        let off = runner(unmetered, 100)?;
+        let metered = in_guest_seconds(&fresh, "", COMPUTE, 7).await?;
+        let plain = in_guest_seconds(&off, "", COMPUTE, 7).await?;
+        rows.push(Row {
+            case: "fuel_overhead_compute",
+            unit: "ratio",
+            pycage: Figure::Value(metered.p50 / plain.p50),
+            baseline: None,
+            target: Some("<= 1.05"),
+        });
+    }
+    if wanted("tool_call") {
+        let r = runner(backend.clone(), 100_000)?;
+        let code = "import time\nn = 2000\nt = time.perf_counter()\nfor _ in range(n):\n    call_tool('add', a=1, b=2)\nsync = (time.perf_counter() - t) / n\nt = time.perf_counter()\nfor _ in range(n):\n    await add(a=1, b=2)\nreturn [sync * 1e6, (time.perf_counter() - t) / n * 1e6]";
+        let (mut sync, mut asyn) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let v = check(r.run(code).await)?;
+            sync.push(v[0].as_f64().unwrap_or(f64::NAN));
+            asyn.push(v[1].as_f64().unwrap_or(f64::NAN));
+        }
+        rows.push(Row {
+            case: "tool_call_sync",
+            unit: "us",
+            pycage: Figure::Latency(Summary::of(sync)),
+            baseline: None,
+            target: Some("<= 8 us"),
+        });
+        rows.push(Row {
+            case: "tool_call_await",
+            unit: "us",
+            pycage: Figure::Latency(Summary::of(asyn)),
+            baseline: None,
+            target: Some("<= 8 us"),
+        });
+    }
+    for callers in [1usize, 2, 8] {
+        let case = match callers {
+            1 => "throughput_1_caller",
+            2 => "throughput_2_callers",
+            _ => "throughput_8_callers",
+        };
+        if wanted(case) {
+            rows.push(Row {
+                case,
+                unit: "runs/s",
+                pycage: Figure::Value(throughput(&fresh, callers, s.duration).await?),
+                baseline: None,
+                target: Some(">= 2500/s"),
+            });
+        }
+    }
+    if wanted("rss_per_sandbox") {
+        rows.push(Row {
+            case: "rss_per_live_sandbox_100",
+            unit: "bytes",
+            pycage: Figure::Value(rss_per_sandbox(&fresh, 100).await?),
+            baseline: None,
+            target: Some("<= 8 MiB"),
+        });
+    }
+    if wanted("process") {
+        let n = s.iterations.clamp(5, 50);
+        let exe = s.pycage_exe.display().to_string();
+        let ours = process_latency(&exe, &["run", "-c", "pass"], n)?;
+        let native = process_latency(&s.python, &["-I", "-S", "-c", "pass"], n)?;
+        rows.push(Row {
+            case: "process_pycage_run_pass",
+            unit: "us",
+            pycage: Figure::Latency(ours),
+            baseline: Some(Baseline {
+                name: format!("{} -I -S -c pass", s.python),
+                figure: Figure::Latency(native),
+            }),
+            target: Some("<= 15 ms"),
+        });
+        if let Some(bwrap) = which("bwrap") {
+            let python = which(&s.python).unwrap_or_else(|| s.python.clone());
+            let args = [
+                "--ro-bind",
+                "/",
+                "/",
+                "--dev",
+                "/dev",
+                "--proc",
+                "/proc",
+                "--unshare-all",
+                "--die-with-parent",
+                &python,
+                "-I",
+                "-S",
+                "-c",
+                "pass",
+            ];
+            if let Ok(b) = process_latency(&bwrap, &args, n) {
+                rows.push(Row {
+                    case: "process_bwrap_python_pass",
+                    unit: "us",
+                    pycage: Figure::Latency(b),
+                    baseline: None,
+                    target: None,
+                });
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn runner(backend: WasmBackend, max_tool_calls: u32) -> Result<Runner, String> {
+    let limits = Limits::builder()
+        .max_tool_calls(max_tool_calls)
+        .build()
+        .map_err(|e| e.to_string())?;
+    Runner::builder()
+        .backend(Arc::new(backend))
+        .tools(ToolRegistry::with_builtins())
+        .policy(ToolPolicy::new().namespace("math"))
+        .limits(limits)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+fn check(r: RunResult) -> Result<serde_json::Value, String> {
+    match r.error {
+        None => Ok(r.value),
+        Some(e) => Err(format!("a benchmark run failed: {e}")),
+    }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+async fn latency(r: &Runner, code: &str, n: usize) -> Result<Summary, String> {
+    for _ in 0..n.min(20) {
+        check(r.run(code).await)?; // warm-up
+    }
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        check(r.run(code).await)?;
+        samples.push(us(t.elapsed()));
+    }
+    Ok(Summary::of(samples))
+}
+
+/// The work's duration measured inside the guest's interpreter (excludes start-up).
+async fn in_guest_seconds(
+    r: &Runner,
+    import: &str,
+    work: &str,
+    n: usize,
+) -> Result<Summary, String> {
+    let code = format!(
+        "{import}\nimport time\nt = time.perf_counter()\n{work}\nreturn time.perf_counter() - t"
+    );
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let v = check(r.run(&code).await)?;
+        samples.push(v.as_f64().ok_or("the timing is not a number")? * 1e6);
+    }
+    Ok(Summary::of(samples))
+}
+
+/// The same work under native CPython, measured the same way.
+fn native_seconds(python: &str, import: &str, work: &str, n: usize) -> Result<Summary, String> {
+    let script = format!(
+        "{import}\nimport time\nt = time.perf_counter()\n{work}\nprint(time.perf_counter() - t)"
+    );
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let out = Command::new(python)
+            .args(["-I", "-S", "-c", &script])
+            .output()
+            .map_err(|e| format!("running {python}: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let secs: f64 = text
+            .trim()
+            .parse()
+            .map_err(|_| format!("{python} printed {text:?}"))?;
+        samples.push(secs * 1e6);
+    }
+    Ok(Summary::of(samples))
+}
+
+async fn throughput(r: &Runner, callers: usize, duration: Duration) -> Result<f64, String> {
+    let done = Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + duration;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|_| {
+            let r = r.clone();
+            let done = done.clone();
+            tokio::spawn(async move {
+                while Instant::now() < until {
+                    if r.run("pass").await.ok {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())?;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Resident memory added per live sandbox, with `n` runs held at once (each sleeping).
+async fn rss_per_sandbox(r: &Runner, n: usize) -> Result<f64, String> {
+    check(r.run("pass").await)?;
+    let before = rss_bytes()?;
+    let limits = Limits::builder()
+        .wall_timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let r = r.clone();
+            let limits = limits.clone();
+            tokio::spawn(async move {
+                r.run_with("import time\ntime.sleep(3)", Default::default(), &limits)
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let during = rss_bytes()?;
+    for t in tasks {
+        check(t.await.map_err(|e| e.to_string())?)?;
+    }
+    Ok(during.saturating_sub(before) as f64 / n as f64)
+}
+
+fn rss_bytes() -> Result<u64, String> {
+    let statm = std::fs::read_to_string("/proc/self/statm").map_err(|e| format!("statm: {e}"))?;
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .ok_or("statm has no resident field")?;
+    Ok(pages * 4096)
+}
+
+fn process_latency(program: &str, args: &[&str], n: usize) -> Result<Summary, String> {
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n + 2 {
+        let t = Instant::now();
+        let status = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| format!("running {program}: {e}"))?;
+        if !status.success() {
+            return Err(format!("{program} {args:?} failed: {status}"));
+        }
+        if i >= 2 {
+            samples.push(us(t.elapsed()));
+        }
+    }
+    Ok(Summary::of(samples))
+}
+
+fn which(program: &str) -> Option<String> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+        .map(|p| p.display().to_string())
+}
