@@ -362,17 +362,38 @@ def _make_tool_function(call, binding, qualified, description):
     return tool
 
 
+# One encoder and one decoder for every call: `json.dumps` with options builds a new encoder
+# (Python code) each time, which showed up as a third of a tool call's cost.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_SCAN = json.JSONDecoder().scan_once
+
+
+def to_json_text(value):
+    """Compact JSON text that is valid UTF-8: lone surrogates become U+FFFD."""
+    text = _ENCODER.encode(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
 def invoke_tool(call, name, kwargs):
     """Calls a tool through the transport; returns the decoded result or raises ToolError."""
     try:
-        args_json = json.dumps(kwargs, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        args_json = to_json_text(kwargs)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ToolError("invalid-arguments", f"arguments are not JSON: {exc}") from None
     ok, payload = call(name, args_json)
     if not ok:
         kind, message = payload
         raise ToolError(kind, message)
-    return json.loads(payload)
+    # The host sends compact JSON it produced itself; the scanner reads it without the
+    # Python layers of `json.loads`.
+    try:
+        return _SCAN(payload, 0)[0]
+    except StopIteration:
+        raise ToolError("failed", "the tool result is not JSON") from None
 
 
 def make_globals(call, tools, variables):
@@ -405,7 +426,8 @@ def to_json_value(value, depth=0, path=None):
     as they are; tuples become arrays; sets and frozensets become arrays (sorted when their items
     sort); dict keys that are not strings become ``str(key)``; ``NaN``, ``Infinity`` and
     ``-Infinity`` become those strings; a container that contains itself is cut with the string
-    ``"..."``; everything else becomes its ``repr()``. Nesting deeper than 200 levels is an error.
+    ``"..."``; everything else becomes its ``repr()``; lone surrogates in strings become U+FFFD.
+    Nesting deeper than 200 levels is an error.
     """
     if value is None or isinstance(value, (bool, str)):
         return value
@@ -460,10 +482,10 @@ def _safe_repr(value):
 def encode_value(value, max_bytes):
     """The return value as JSON text, at most ``max_bytes`` UTF-8 bytes long."""
     try:
-        text = json.dumps(to_json_value(value), ensure_ascii=False, allow_nan=False)
+        text = to_json_text(to_json_value(value))
     except (ValueError, RecursionError) as exc:
         raise Failure(GUEST_EXCEPTION, _one_line(f"ValueError: {exc}")) from None
-    size = len(text.encode("utf-8", "surrogatepass"))
+    size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise Failure(
             VALUE_TOO_LARGE,
@@ -527,15 +549,19 @@ def exception_failure(exc):
 # One run.
 
 
-def run(code, variables_json, tools, max_value_bytes, call):
+def run(code, request_json, call):
     """Runs ``code``; returns the JSON of its value or raises ``Failure``.
 
-    ``tools`` is a list of ``(binding, qualified, description)``.
+    ``request_json`` is the JSON object of the WIT ``run`` function: ``vars``, ``tools`` (a
+    list of ``[binding, qualified, description]``) and ``max_value_bytes``.
     """
     try:
-        variables = json.loads(variables_json) if variables_json else {}
-    except ValueError as exc:
-        raise Failure(INVALID_INPUT, f"variables are not JSON: {exc}") from None
+        request = json.loads(request_json)
+        variables = request.get("vars", {})
+        tools = [(b, q, d) for b, q, d in request.get("tools", [])]
+        max_value_bytes = int(request["max_value_bytes"])
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise Failure(INVALID_INPUT, _one_line(f"the run request is malformed: {exc}")) from None
     if not isinstance(variables, dict):
         raise Failure(INVALID_INPUT, "variables must be a JSON object")
     for name in variables:

@@ -19,6 +19,8 @@ struct RunSettings {
     vars: Map<String, Value>,
     limits: Limits,
     json: bool,
+    /// The wasm backend, when that is the one in use (for the first-run notice).
+    wasm: Option<WasmBackend>,
 }
 
 pub async fn run(args: RunArgs) -> Exit {
@@ -29,7 +31,7 @@ pub async fn run(args: RunArgs) -> Exit {
             return Exit::Usage;
         }
     };
-    if let Some(wasm) = wasm_backend(settings.runner.backend())
+    if let Some(wasm) = &settings.wasm
         && !wasm.is_cached()
     {
         eprintln!("pycage: compiling the sandbox (first run only; this takes a few seconds)...");
@@ -49,12 +51,6 @@ pub async fn run(args: RunArgs) -> Exit {
         Some(ErrorKind::BackendError) => Exit::Internal,
         Some(_) => Exit::GuestFailed,
     }
-}
-
-fn wasm_backend(backend: &Arc<dyn Backend>) -> Option<WasmBackend> {
-    (backend.name() == "wasm")
-        .then(|| WasmBackend::shared().ok())
-        .flatten()
 }
 
 fn resolve(args: RunArgs) -> Result<RunSettings, String> {
@@ -83,8 +79,12 @@ fn resolve(args: RunArgs) -> Result<RunSettings, String> {
         .build()
         .map_err(|e| e.to_string())?;
 
-    let backend: Arc<dyn Backend> = match args.backend.as_str() {
-        "wasm" => Arc::new(WasmBackend::shared()?),
+    // One run needs one instance: reserve pooling slots for a few, not for a thousand.
+    let (backend, wasm): (Arc<dyn Backend>, _) = match args.backend.as_str() {
+        "wasm" => {
+            let wasm = WasmBackend::builder().max_instances(2).build()?;
+            (Arc::new(wasm.clone()), Some(wasm))
+        }
         other => return Err(format!("unknown backend `{other}` (available: wasm)")),
     };
     let runner = Runner::builder()
@@ -100,6 +100,7 @@ fn resolve(args: RunArgs) -> Result<RunSettings, String> {
         vars,
         limits,
         json: args.json,
+        wasm,
     })
 }
 

@@ -13,9 +13,7 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
-use super::bindings::exports::pycage::sandbox::guest::{
-    Failure, FailureKind, RunRequest, ToolBinding,
-};
+use super::bindings::exports::pycage::sandbox::guest::{Failure, FailureKind};
 use super::bindings::{Sandbox, SandboxPre};
 use super::classify::{self, Ending, Evidence};
 use super::output::CapturePipe;
@@ -141,19 +139,19 @@ impl Fresh {
         } else {
             Ok(())
         };
-        let request = RunRequest {
-            code: job.code,
-            vars_json: Value::Object(job.vars).to_string(),
-            tools: bindings_for(&broker),
-            max_value_bytes: limits.max_value_bytes(),
-        };
+        let request = serde_json::json!({
+            "vars": Value::Object(job.vars),
+            "tools": bindings_for(&broker),
+            "max_value_bytes": limits.max_value_bytes(),
+        })
+        .to_string();
 
         let outcome = match fuel_set {
             Err(e) => Ok(Err(e)),
             Ok(()) => {
                 let run = sandbox
                     .pycage_sandbox_guest()
-                    .call_run(&mut store, &request);
+                    .call_run(&mut store, &job.code, &request);
                 // Epoch interruption stops a guest that computes; this stops one that waits
                 // in a host call (a sleep, a slow tool), where no epoch check runs.
                 tokio::time::timeout_at(deadline.into(), run).await
@@ -188,19 +186,14 @@ impl Fresh {
     }
 }
 
-/// The async functions the guest defines: one per exposed tool with an unambiguous bare name.
-fn bindings_for(broker: &Broker) -> Vec<ToolBinding> {
+/// The async functions the guest defines, as `[binding, qualified, description]`: one per
+/// exposed tool with an unambiguous bare name.
+fn bindings_for(broker: &Broker) -> Vec<[&str; 3]> {
     broker
         .tools()
         .bindings()
         .iter()
-        .filter_map(|b| {
-            Some(ToolBinding {
-                binding: b.binding.clone()?,
-                qualified: b.qualified.clone(),
-                description: b.description.clone(),
-            })
-        })
+        .filter_map(|b| Some([b.binding.as_deref()?, &b.qualified, &b.description]))
         .collect()
 }
 

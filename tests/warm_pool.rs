@@ -1,0 +1,77 @@
+//! The warm pool: pre-instantiated guests, never reused.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::SEED;
+use pycage::{Runner, ToolPolicy, WasmBackend};
+use pycage_tools::ToolRegistry;
+use serde_json::json;
+
+fn runner(backend: &WasmBackend) -> Runner {
+    Runner::builder()
+        .backend(Arc::new(backend.clone()))
+        .tools(ToolRegistry::with_builtins())
+        .policy(ToolPolicy::new().namespace("math"))
+        .build()
+        .unwrap()
+}
+
+async fn wait_for(backend: &WasmBackend, n: usize) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while backend.warm_instances() < n {
+        assert!(Instant::now() < until, "the pool did not fill");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_runs_match_fresh_runs_and_the_pool_refills() {
+    let pooled = WasmBackend::builder().warm_pool(2).build().unwrap();
+    pooled.prepare().await.unwrap();
+    wait_for(&pooled, 2).await;
+    let fresh = WasmBackend::builder().build().unwrap();
+
+    let a = runner(&pooled).run(SEED).await;
+    let b = runner(&fresh).run(SEED).await;
+    assert!(a.ok && b.ok, "{a:#?} {b:#?}");
+    assert_eq!(a.value, json!(15));
+    assert_eq!(
+        a.fuel_consumed, b.fuel_consumed,
+        "fuel counts from the run, pooled or not"
+    );
+    assert!(a.fuel_consumed.unwrap() > 0);
+    wait_for(&pooled, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_instances_are_never_reused() {
+    let pooled = WasmBackend::builder().warm_pool(1).build().unwrap();
+    pooled.prepare().await.unwrap();
+    let r = runner(&pooled);
+    for _ in 0..5 {
+        wait_for(&pooled, 1).await;
+        let v = r
+            .run(
+                "import builtins\nseen = hasattr(builtins, 'mark')\nbuiltins.mark = 1\nreturn seen",
+            )
+            .await;
+        assert_eq!(v.value, json!(false), "{v:#?}");
+    }
+}
+
+#[tokio::test]
+async fn unmetered_backends_report_no_fuel_and_refuse_budgets() {
+    // A different engine configuration: compiled (and cached) once, beside the metered one.
+    let plain = WasmBackend::builder().meter_fuel(false).build().unwrap();
+    plain.prepare().await.unwrap();
+    let r = runner(&plain);
+    let ok = r.run("return 1").await;
+    assert_eq!(ok.value, json!(1));
+    assert_eq!(ok.fuel_consumed, None);
+    let limits = pycage::Limits::builder().fuel(Some(1000)).build().unwrap();
+    let refused = r.run_with("return 1", Default::default(), &limits).await;
+    assert_eq!(refused.error.unwrap().kind, pycage::ErrorKind::InvalidInput);
+}
