@@ -63,7 +63,7 @@ pub async fn bench(args: BenchArgs) -> Exit {
     let settings = Settings {
         iterations: args.iterations,
         duration: args.duration,
-        python: args.python,
+        python: real_python(&args.python),
         pycage_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("pycage")),
     };
     let rows = match cases::run_all(&settings, args.only.as_deref()).await {
@@ -84,6 +84,19 @@ pub async fn bench(args: BenchArgs) -> Exit {
         print_table(&rows);
     }
     Exit::Ok
+}
+
+/// The interpreter itself, not a wrapper that finds it: version-manager shims (pyenv) are
+/// shell scripts that would add tens of milliseconds to every baseline start.
+fn real_python(python: &str) -> String {
+    std::process::Command::new(python)
+        .args(["-I", "-S", "-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| python.to_owned())
 }
 
 fn machine() -> serde_json::Value {
