@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use crate::broker::Broker;
+use crate::policy::Binding;
 use crate::{Limits, RunResult};
 
 /// One run as a backend receives it: already validated by the [`Runner`](crate::Runner).
@@ -19,6 +20,8 @@ pub struct Job {
     pub vars: Map<String, Value>,
     /// The run's limits.
     pub limits: Limits,
+    /// The tools the guest should define (the broker decides what each call may do).
+    pub tools: Vec<Binding>,
 }
 
 /// Whether a backend can run on this host.

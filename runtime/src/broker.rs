@@ -69,6 +69,29 @@ impl CallError {
     }
 }
 
+/// The future of one gated call.
+pub type GateFuture<'a> = Pin<Box<dyn Future<Output = Result<String, CallError>> + Send + 'a>>;
+
+/// Where a guest's tool calls go. On the host this is the run's [`Broker`]; a backend whose
+/// guest runs in a confined worker process gives it a gate that forwards each call to the
+/// host's broker, so policy is still decided on the host.
+pub trait ToolGate: Send + Sync + 'static {
+    /// Handles one call: `name` as the guest wrote it, `args_json` as raw text.
+    fn call<'a>(&'a self, name: &'a str, args_json: &'a str) -> GateFuture<'a>;
+    /// The run's id, for audit events.
+    fn run_id(&self) -> &str;
+}
+
+impl ToolGate for Broker {
+    fn call<'a>(&'a self, name: &'a str, args_json: &'a str) -> GateFuture<'a> {
+        Box::pin(Broker::call(self, name, args_json))
+    }
+
+    fn run_id(&self) -> &str {
+        Broker::run_id(self)
+    }
+}
+
 /// The limits the broker applies, taken from the run's [`Limits`].
 #[derive(Debug, Clone, Copy)]
 struct CallLimits {

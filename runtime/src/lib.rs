@@ -28,6 +28,7 @@
 
 pub mod backend;
 pub mod broker;
+pub mod capture;
 mod limits;
 pub mod policy;
 mod result;

@@ -100,6 +100,7 @@ impl Runner {
             code: code.to_owned(),
             vars,
             limits: limits.clone(),
+            tools: self.inner.exposed.bindings().to_vec(),
         };
         let mut result = backend.run(job, broker.clone()).await;
         broker.finish();

@@ -15,7 +15,6 @@ mod classify;
 mod engine;
 mod instance;
 mod linker;
-mod output;
 mod pool;
 mod state;
 
@@ -33,7 +32,7 @@ use self::instance::Fresh;
 use self::pool::WarmPool;
 use self::state::RunState;
 use crate::backend::{Availability, Backend, Job, RunFuture};
-use crate::broker::Broker;
+use crate::broker::{Broker, ToolGate};
 use crate::{ErrorKind, RunError, RunResult};
 
 include!(concat!(env!("OUT_DIR"), "/component_digest.rs"));
@@ -229,7 +228,10 @@ impl WasmBackend {
             .collect())
     }
 
-    async fn run_job(&self, job: Job, broker: Arc<Broker>) -> RunResult {
+    /// Runs one job with its tool calls going to `gate` rather than to a local broker: for a
+    /// worker process that runs the engine inside an OS sandbox while the broker stays with
+    /// the host. `tool_calls` in the result is 0; the broker's owner knows the count.
+    pub async fn run_gated(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunResult {
         let started = Instant::now();
         let fail = |error| RunResult::failed(self.name(), error, started.elapsed());
         // The first run of a process pays for loading (or compiling) the guest; the wall
@@ -254,7 +256,7 @@ impl WasmBackend {
                 }
             },
         };
-        let outcome = fresh.run(job, broker.clone()).await;
+        let outcome = fresh.run(job, gate).await;
         let (ok, value, error) = match outcome.value {
             Ok(value) => (true, value, None),
             Err(e) => (false, serde_json::Value::Null, Some(e)),
@@ -268,7 +270,7 @@ impl WasmBackend {
             stderr_truncated: outcome.stderr.truncated,
             timed_out: error.as_ref().is_some_and(|e| e.kind == ErrorKind::Timeout),
             error,
-            tool_calls: broker.executed(),
+            tool_calls: 0,
             fuel_consumed: outcome.fuel_consumed,
             duration: started.elapsed(),
             backend: self.name().to_owned(),
@@ -322,7 +324,11 @@ impl Backend for WasmBackend {
     }
 
     fn run(&self, job: Job, broker: Arc<Broker>) -> RunFuture<'_> {
-        Box::pin(self.run_job(job, broker))
+        Box::pin(async move {
+            let mut result = self.run_gated(job, broker.clone()).await;
+            result.tool_calls = broker.executed();
+            result
+        })
     }
 }
 

@@ -16,10 +16,10 @@ use wasmtime_wasi::WasiCtx;
 use super::bindings::exports::pycage::sandbox::guest::{Failure, FailureKind};
 use super::bindings::{Sandbox, SandboxPre};
 use super::classify::{self, Ending, Evidence};
-use super::output::CapturePipe;
 use super::state::{GuestLimiter, MAX_RESOURCES, RunState};
 use crate::backend::Job;
-use crate::broker::Broker;
+use crate::broker::ToolGate;
+use crate::capture::CapturePipe;
 use crate::{ErrorKind, MAX_MEMORY_BYTES, RunError};
 
 /// The most random bytes the guest may ask for in one call (a host-side buffer).
@@ -42,8 +42,8 @@ pub(crate) struct Fresh {
 /// What one run produced, before the backend wraps it in a `RunResult`.
 pub(crate) struct Outcome {
     pub value: Result<Value, RunError>,
-    pub stdout: super::output::Captured,
-    pub stderr: super::output::Captured,
+    pub stdout: crate::capture::Captured,
+    pub stderr: crate::capture::Captured,
     pub fuel_consumed: Option<u64>,
 }
 
@@ -68,7 +68,7 @@ impl Fresh {
             wasi,
             table,
             limiter: GuestLimiter::new(MAX_MEMORY_BYTES),
-            broker: None,
+            gate: None,
             deadline: Instant::now() + INSTANTIATE_TIMEOUT,
             denied_capability: None,
             stdout,
@@ -96,7 +96,7 @@ impl Fresh {
     }
 
     /// Runs one job in this instance, consuming it.
-    pub async fn run(self, job: Job, broker: Arc<Broker>) -> Outcome {
+    pub async fn run(self, job: Job, gate: Arc<dyn ToolGate>) -> Outcome {
         let Fresh {
             mut store,
             sandbox,
@@ -111,7 +111,7 @@ impl Fresh {
             state.stdout.reset(limits.max_output_bytes());
             state.stderr.reset(limits.max_output_bytes());
             state.deadline = deadline;
-            state.broker = Some(broker.clone());
+            state.gate = Some(gate);
         }
         let refused = if store.data().limiter.over_limit() {
             Some(RunError::new(
@@ -141,7 +141,7 @@ impl Fresh {
         };
         let request = serde_json::json!({
             "vars": Value::Object(job.vars),
-            "tools": bindings_for(&broker),
+            "tools": bindings_for(&job.tools),
             "max_value_bytes": limits.max_value_bytes(),
         })
         .to_string();
@@ -188,10 +188,8 @@ impl Fresh {
 
 /// The async functions the guest defines, as `[binding, qualified, description]`: one per
 /// exposed tool with an unambiguous bare name.
-fn bindings_for(broker: &Broker) -> Vec<[&str; 3]> {
-    broker
-        .tools()
-        .bindings()
+fn bindings_for(tools: &[crate::policy::Binding]) -> Vec<[&str; 3]> {
+    tools
         .iter()
         .filter_map(|b| Some([b.binding.as_deref()?, &b.qualified, &b.description]))
         .collect()

@@ -204,7 +204,7 @@ async fn deny_call(
     }
     tracing::info!(
         target: "pycage::audit",
-        run = store.data().broker.as_ref().map_or("-", |b| b.run_id()),
+        run = store.data().gate.as_ref().map_or("-", |g| g.run_id()),
         import,
         "capability denied"
     );
@@ -234,10 +234,10 @@ impl host::Host for RunState {
         name: String,
         args_json: String,
     ) -> Result<String, host::ToolError> {
-        let Some(broker) = self.broker.clone() else {
+        let Some(gate) = self.gate.clone() else {
             return Err(host::ToolError::Denied("no run is in progress".into()));
         };
-        broker.call(&name, &args_json).await.map_err(|e| match e {
+        gate.call(&name, &args_json).await.map_err(|e| match e {
             CallError::NotFound(m) => host::ToolError::NotFound(m),
             CallError::InvalidArguments(m) => host::ToolError::InvalidArguments(m),
             CallError::Denied(m) => host::ToolError::Denied(m),

@@ -7,8 +7,8 @@ use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::output::CapturePipe;
-use crate::broker::Broker;
+use crate::broker::ToolGate;
+use crate::capture::CapturePipe;
 
 /// The most WASI resources (streams, pollables, descriptors) a guest may hold at once. Each
 /// costs host memory, so the table is bounded like every other host-side buffer.
@@ -23,8 +23,8 @@ pub(crate) struct RunState {
     pub wasi: WasiCtx,
     pub table: ResourceTable,
     pub limiter: GuestLimiter,
-    /// The run's broker; `None` until a run starts (a pre-instantiated guest has none).
-    pub broker: Option<Arc<Broker>>,
+    /// Where the run's tool calls go (its broker); `None` until a run starts.
+    pub gate: Option<Arc<dyn ToolGate>>,
     /// The wall-clock deadline, checked at every epoch tick.
     pub deadline: Instant,
     /// Set when the guest called a WASI capability the sandbox does not grant.

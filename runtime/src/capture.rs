@@ -1,4 +1,4 @@
-//! Capturing pipes for the guest's stdout and stderr.
+//! Capturing pipes for a guest's stdout and stderr, shared by every backend.
 //!
 //! A pipe keeps the first and the last bytes of the stream within a fixed budget and counts
 //! the rest, so an output flood costs the host a constant amount of memory and the user still
@@ -21,7 +21,7 @@ const WRITE_PERMIT: usize = 64 * 1024;
 
 /// A capturing pipe; clones share the same buffer.
 #[derive(Clone, Debug)]
-pub(crate) struct CapturePipe(Arc<Mutex<Capture>>);
+pub struct CapturePipe(Arc<Mutex<Capture>>);
 
 #[derive(Debug)]
 struct Capture {
@@ -34,8 +34,10 @@ struct Capture {
 
 /// What a pipe captured.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Captured {
+pub struct Captured {
+    /// The kept head and tail, with a marker where the middle was cut.
     pub text: String,
+    /// True when the middle was cut.
     pub truncated: bool,
 }
 
@@ -72,7 +74,8 @@ impl CapturePipe {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn push(&self, bytes: &[u8]) {
+    /// Appends bytes (an OS backend feeds a child's output here as it arrives).
+    pub fn push(&self, bytes: &[u8]) {
         self.lock().push(bytes);
     }
 
