@@ -227,16 +227,21 @@ impl Broker {
             Ok(Ok(Err(e))) => return Err(CallError::Failed(e.message().to_owned())),
             Ok(Ok(Ok(value))) => value,
         };
-        let text = serde_json::to_string(&value)
-            .map_err(|_| CallError::Failed("tool result is not JSON".into()))?;
-        if text.len() as u64 > self.limits.max_result_bytes {
-            return Err(CallError::LimitExceeded(format!(
-                "tool result is {} bytes; the limit is {}",
-                text.len(),
-                self.limits.max_result_bytes
-            )));
+        let max = self.limits.max_result_bytes;
+        let mut out = CappedWriter {
+            buf: Vec::new(),
+            max: usize::try_from(max).unwrap_or(usize::MAX),
+        };
+        match serde_json::to_writer(&mut out, &value) {
+            Ok(()) => {}
+            Err(e) if e.is_io() => {
+                return Err(CallError::LimitExceeded(format!(
+                    "tool result is larger than the limit of {max} bytes"
+                )));
+            }
+            Err(_) => return Err(CallError::Failed("tool result is not JSON".into())),
         }
-        Ok(text)
+        String::from_utf8(out.buf).map_err(|_| CallError::Failed("tool result is not JSON".into()))
     }
 
     /// The atomic check-and-increment of the call ceiling.
@@ -251,6 +256,27 @@ impl Broker {
                 self.ceiling_hit.store(true, Ordering::SeqCst);
                 CallError::LimitExceeded(format!("tool call limit reached ({max} calls)"))
             })
+    }
+}
+
+/// Serializes into memory and stops at the cap, so an oversized result is refused without
+/// first being written out whole.
+struct CappedWriter {
+    buf: Vec<u8>,
+    max: usize,
+}
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + bytes.len() > self.max {
+            return Err(std::io::Error::other("over the result cap"));
+        }
+        self.buf.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -29,6 +29,8 @@
 pub mod backend;
 pub mod broker;
 pub mod capture;
+#[doc(hidden)]
+pub mod fuzzing;
 mod limits;
 pub mod policy;
 mod result;
@@ -42,7 +44,7 @@ pub use policy::{ExposedTools, PolicyError, ToolPolicy};
 pub use pycage_tools;
 pub use result::{ErrorKind, RunError, RunResult};
 pub use runner::{BuildError, Runner, RunnerBuilder};
-pub use wasm::WasmBackend;
+pub use wasm::{ArtifactSource, WasmBackend};
 
 /// The README's Rust code blocks, compiled as doc tests so they cannot rot.
 #[cfg(doctest)]

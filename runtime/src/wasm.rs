@@ -173,6 +173,12 @@ impl WasmBackend {
         self.inner.cache_dir.as_deref()
     }
 
+    /// Where this backend's compiled artifact lives (or would live) in the cache.
+    pub fn artifact_path(&self) -> Option<PathBuf> {
+        self.cache_dir()
+            .map(|dir| cache::artifact_path(dir, &self.inner.engine, COMPONENT_DIGEST))
+    }
+
     /// True when a compiled artifact for the guest is in the cache, so preparing is fast.
     pub fn is_cached(&self) -> bool {
         self.inner.prepared.initialized()

@@ -1,0 +1,256 @@
+//! The adversarial suite: hostile code against every available backend, with host canaries the
+//! guest must never reach.
+//!
+//! The corpus lives in `tests/adversarial/corpus/*.toml`, one file per category. Each case runs
+//! on each backend; afterwards the harness checks the case's own expectation and the
+//! invariants every case shares:
+//!
+//! * the run returned within its wall limit plus a margin;
+//! * the host is alive and a fresh sandbox still runs;
+//! * no canary (a host file's content, a host environment variable's value, the secret tool's
+//!   result) appears in stdout, stderr, the value or the error;
+//! * the registered but never exposed secret tool ran zero times;
+//! * no marker file appeared outside the sandbox;
+//! * listeners on loopback (TCP, UDP, a Unix socket) saw zero connections or datagrams.
+//!
+//! `harness = false`: this file owns `main`, so it can plant the environment canary before any
+//! thread exists. `cargo test --test adversarial -- FILTER` runs the cases whose
+//! `category/name` contains FILTER.
+
+mod canaries;
+mod case;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use canaries::Canaries;
+use case::{Case, Expect};
+use pycage::{ErrorKind, RunResult, Runner, ToolPolicy};
+use pycage_tools::ToolRegistry;
+
+/// How much later than its wall limit a run may return.
+const MARGIN: Duration = Duration::from_millis(1500);
+
+fn main() -> ExitCode {
+    // The environment canary must be in this process's environment from the start; setting
+    // it here would race other threads, so the suite re-runs itself with it set.
+    if let Some(code) = canaries::reexec_with_env_canary() {
+        return code;
+    }
+    let canaries = Canaries::plant();
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let cases = match case::load_corpus() {
+        Ok(cases) => cases,
+        Err(e) => {
+            eprintln!("adversarial: corpus: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let failures = runtime.block_on(run_all(&canaries, &cases, filter.as_deref()));
+    canaries.clean_up();
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("\nadversarial: {} failure(s):", failures.len());
+        for f in &failures {
+            eprintln!("  {f}");
+        }
+        ExitCode::FAILURE
+    }
+}
+
+/// Where to write a Markdown report of the run (for `docs/adversarial-results.md`).
+const ENV_REPORT: &str = "PYCAGE_ADVERSARIAL_REPORT";
+
+async fn run_all(canaries: &Canaries, cases: &[Case], filter: Option<&str>) -> Vec<String> {
+    let mut failures = Vec::new();
+    let mut report =
+        String::from("| backend | category | case | outcome | time |\n|---|---|---|---|---|\n");
+    let mut ran = 0;
+    let rss_before = rss_bytes();
+    for backend in backends() {
+        for case in cases {
+            let id = format!("{}/{}", case.category, case.name);
+            if filter.is_some_and(|f| !id.contains(f)) || !case.runs_on(backend) {
+                continue;
+            }
+            ran += 1;
+            let started = Instant::now();
+            let outcome = run_case(canaries, backend, case).await;
+            let took = started.elapsed();
+            let verdict = match &outcome {
+                Ok(()) => "pass".to_owned(),
+                Err(why) => format!("**FAIL**: {}", why.replace('|', "\\|")),
+            };
+            report.push_str(&format!(
+                "| {backend} | {} | {} | {verdict} | {:.0} ms |\n",
+                case.category,
+                case.name,
+                took.as_secs_f64() * 1000.0
+            ));
+            match outcome {
+                Ok(()) => println!("ok    [{backend}] {id} ({took:.2?})"),
+                Err(why) => {
+                    println!("FAIL  [{backend}] {id}: {why}");
+                    failures.push(format!("[{backend}] {id}: {why}"));
+                }
+            }
+        }
+    }
+    let growth = rss_bytes().saturating_sub(rss_before);
+    println!(
+        "adversarial: {ran} case runs; host RSS grew {} MiB",
+        growth >> 20
+    );
+    // Guest-sized allocations must stay in the guest: the host may cache a few instances'
+    // worth of memory, not what the cases asked for (several GiB).
+    if growth > 1 << 30 {
+        failures.push(format!(
+            "host memory grew by {} MiB over the suite",
+            growth >> 20
+        ));
+    }
+    if ran == 0 {
+        failures.push("no case ran (filter matched nothing?)".into());
+    }
+    if let Some(path) = std::env::var_os(ENV_REPORT) {
+        let summary = format!(
+            "{ran} case runs, {} failures; host resident memory grew {} MiB over the suite.\n\n",
+            failures.len(),
+            growth >> 20
+        );
+        if let Err(e) = std::fs::write(&path, summary + &report) {
+            failures.push(format!("writing the report: {e}"));
+        }
+    }
+    failures
+}
+
+/// The backends this suite runs against: every one available here.
+fn backends() -> Vec<&'static str> {
+    vec!["wasm"]
+}
+
+fn runner(canaries: &Canaries, backend: &str, case: &Case) -> Result<Runner, String> {
+    let mut tools = ToolRegistry::with_builtins();
+    tools
+        .extend(canaries.secret_tools())
+        .map_err(|e| e.to_string())?;
+    let mut policy = ToolPolicy::new();
+    if case.allow.is_empty() {
+        policy = policy.namespace("math");
+    }
+    for entry in &case.allow {
+        policy = policy.allow(entry.as_str());
+    }
+    let builder = Runner::builder()
+        .tools(tools)
+        .policy(policy)
+        .limits(case.limits.clone());
+    match backend {
+        "wasm" => builder.build().map_err(|e| e.to_string()),
+        other => Err(format!("unknown backend {other}")),
+    }
+}
+
+async fn run_case(canaries: &Canaries, backend: &str, case: &Case) -> Result<(), String> {
+    let runner = runner(canaries, backend, case)?;
+    let code = canaries.substitute(&case.code);
+    let started = Instant::now();
+    let mut result = runner.run(&code).await;
+    for follow_up in &case.then {
+        // A later run in a fresh sandbox: what the first run left behind must be gone.
+        result = runner.run(&canaries.substitute(follow_up)).await;
+    }
+    let took = started.elapsed();
+    let limit = case.limits.wall_timeout() * (1 + case.then.len() as u32) + MARGIN;
+    if took > limit {
+        return Err(format!("returned after {took:.2?}, over {limit:.2?}"));
+    }
+    check_expectation(case, &result)?;
+    canaries.check(&result)?;
+    let fresh = runner.run("return 1 + 1").await;
+    if fresh.value != serde_json::json!(2) {
+        return Err(format!("a fresh sandbox no longer runs: {fresh:?}"));
+    }
+    Ok(())
+}
+
+fn check_expectation(case: &Case, r: &RunResult) -> Result<(), String> {
+    let error = r.error.as_ref();
+    match &case.expect {
+        Expect::Ok if !r.ok => return Err(format!("expected ok, got {:?}", error)),
+        Expect::Fail if r.ok => return Err(format!("expected a failure, got ok: {}", r.value)),
+        Expect::Kind(kind) => match error {
+            Some(e) if e.kind == *kind => {}
+            _ => return Err(format!("expected {kind}, got ok={} {:?}", r.ok, error)),
+        },
+        Expect::OneOf(kinds) => match error {
+            Some(e) if kinds.contains(&e.kind) => {}
+            _ => {
+                return Err(format!(
+                    "expected one of {kinds:?}, got ok={} {:?}",
+                    r.ok, error
+                ));
+            }
+        },
+        _ => {}
+    }
+    if let Some(exception) = &case.exception
+        && error.and_then(|e| e.exception.as_deref()) != Some(exception.as_str())
+    {
+        return Err(format!("expected exception {exception}, got {error:?}"));
+    }
+    if let Some(needle) = &case.message_contains
+        && !error.is_some_and(|e| e.message.contains(needle.as_str()))
+    {
+        return Err(format!(
+            "expected the message to contain {needle:?}, got {error:?}"
+        ));
+    }
+    if let Some(value) = &case.value
+        && &r.value != value
+    {
+        return Err(format!("expected value {value}, got {}", r.value));
+    }
+    if let Some(max) = case.output_max {
+        for (name, text) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
+            if text.len() > max {
+                return Err(format!("{name} is {} bytes, over {max}", text.len()));
+            }
+        }
+    }
+    if let Some(max) = case.message_max
+        && let Some(e) = error
+    {
+        let total = e.message.len() + e.traceback.as_ref().map_or(0, String::len);
+        if total > max {
+            return Err(format!("the error text is {total} bytes, over {max}"));
+        }
+    }
+    if let Some(calls) = case.tool_calls
+        && r.tool_calls != calls
+    {
+        return Err(format!("expected {calls} tool calls, got {}", r.tool_calls));
+    }
+    if case.expect == Expect::Kind(ErrorKind::Timeout) && !r.timed_out {
+        return Err("a timeout without timed_out set".into());
+    }
+    Ok(())
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        .map_or(0, |pages| pages * 4096)
+}
