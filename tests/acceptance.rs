@@ -81,6 +81,21 @@ async fn call_ceiling_stops_the_seed_example() {
 }
 
 #[tokio::test]
+async fn a_failure_after_a_caught_ceiling_is_the_codes_own() {
+    let limits = Limits::builder().max_tool_calls(1).build().unwrap();
+    let code =
+        "await add(a=1, b=1)\ntry:\n    await add(a=1, b=1)\nexcept ToolError:\n    pass\n1 / 0";
+    let r = runner(ToolPolicy::new().namespace("math"), limits)
+        .run(code)
+        .await;
+    assert_kind(&r, ErrorKind::GuestException);
+    assert_eq!(
+        r.error.unwrap().exception.as_deref(),
+        Some("ZeroDivisionError")
+    );
+}
+
+#[tokio::test]
 async fn a_caught_ceiling_is_the_guests_business() {
     let limits = Limits::builder().max_tool_calls(1).build().unwrap();
     let code = "await add(a=1, b=1)\ntry:\n    await add(a=1, b=1)\nexcept ToolError as e:\n    return [e.kind, str(e)]";

@@ -105,9 +105,12 @@ impl Runner {
         let mut result = backend.run(job, broker.clone()).await;
         broker.finish();
         result.tool_calls = broker.executed();
+        // A ToolError the code let escape after the ceiling refused a call: the ceiling is
+        // why the run failed. (A failure the code raised itself stays a guest exception.)
         if broker.ceiling_hit()
             && let Some(error) = &mut result.error
             && error.kind == ErrorKind::GuestException
+            && error.exception.as_deref() == Some("ToolError")
         {
             error.kind = ErrorKind::ToolCallLimit;
         }
