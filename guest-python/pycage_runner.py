@@ -119,6 +119,9 @@ def install_event_loop():
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+# `type X = ...` exists from Python 3.12; on older interpreters (the OS backends' native
+# CPython) no node can be an instance of the empty tuple.
+_TYPE_ALIAS = (ast.TypeAlias,) if hasattr(ast, "TypeAlias") else ()
 
 
 def _enclosing_parts(node):
@@ -180,7 +183,7 @@ def _scan_top_level(body):
         elif isinstance(node, ast.MatchMapping):
             if node.rest:
                 names.add(node.rest)
-        elif isinstance(node, ast.TypeAlias):
+        elif isinstance(node, _TYPE_ALIAS):
             names.add(node.name.id)
             continue
         stack.extend(ast.iter_child_nodes(node))
@@ -302,6 +305,8 @@ def compile_wrapped(code):
         body = [ast.Pass(lineno=1, col_offset=0, end_lineno=1, end_col_offset=0)]
 
     cls = ast.AsyncFunctionDef if is_async else ast.FunctionDef
+    # `type_params` is a field from Python 3.12 on.
+    extra = {"type_params": []} if "type_params" in cls._fields else {}
     main = cls(
         name=MAIN,
         args=ast.arguments(
@@ -311,11 +316,11 @@ def compile_wrapped(code):
         body=body,
         decorator_list=[],
         returns=None,
-        type_params=[],
         lineno=1,
         col_offset=0,
         end_lineno=1,
         end_col_offset=0,
+        **extra,
     )
     module = ast.Module(body=future + [main], type_ignores=[])
     try:
@@ -520,6 +525,33 @@ def _user_frames(tb):
     return traceback.StackSummary.from_list(kept)
 
 
+def _exception_only_lines(te):
+    """The exception's own lines, without an exception group's members.
+
+    ``show_group`` is a parameter from Python 3.13 on; older interpreters never show the
+    members here.
+    """
+    if sys.version_info >= (3, 13):
+        return list(te.format_exception_only(show_group=False))
+    return list(te.format_exception_only())
+
+
+def _exc_type_str(te, exc):
+    """The exception type as a traceback names it (``ZeroDivisionError``, ``json.X``).
+
+    ``TracebackException.exc_type_str`` exists from Python 3.13 on; older interpreters get the
+    same text built by the same rule.
+    """
+    if sys.version_info >= (3, 13):
+        return te.exc_type_str
+    cls = type(exc)
+    name = cls.__qualname__
+    module = cls.__module__
+    if module not in ("__main__", "builtins"):
+        name = f"{module}.{name}"
+    return name
+
+
 def exception_failure(exc):
     """A Failure describing an exception the code raised."""
     try:
@@ -535,8 +567,9 @@ def exception_failure(exc):
             else:
                 break
         text = "".join(te.format())
-        lines = list(te.format_exception_only(show_group=False))
-        headline = next((ln for ln in lines if ln.startswith(te.exc_type_str)), lines[-1])
+        lines = _exception_only_lines(te)
+        type_str = _exc_type_str(te, exc)
+        headline = next((ln for ln in lines if ln.startswith(type_str)), lines[-1])
         message = _one_line(headline)
     except BaseException:
         text = None

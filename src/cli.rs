@@ -19,6 +19,25 @@ pub enum Command {
     Run(RunArgs),
     /// Measure pycage side by side with native baselines on this machine.
     Bench(BenchArgs),
+    /// List every backend: whether it isolates, and whether it can run here (and why not).
+    Backends(BackendsArgs),
+    /// The layered backend's worker (started by pycage itself inside bubblewrap).
+    #[command(hide = true)]
+    Worker(WorkerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BackendsArgs {
+    /// Print the table as one JSON array.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// The prepared, read-only artifact cache.
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -94,9 +113,15 @@ pub struct RunArgs {
     #[arg(long = "var", value_name = "NAME=JSON")]
     pub vars: Vec<String>,
 
-    /// The sandbox backend.
+    /// The sandbox backend: wasm, bubblewrap, docker, seatbelt, windows, local,
+    /// wasm+bubblewrap (`pycage backends` shows which can run here).
     #[arg(long, value_name = "NAME", default_value = "wasm")]
     pub backend: String,
+
+    /// Accept a backend without an isolation boundary (`local`): the code runs with your
+    /// user's files, network and processes.
+    #[arg(long = "allow-no-isolation")]
+    pub allow_no_isolation: bool,
 
     /// Print the whole result as one JSON object on stdout.
     #[arg(long)]

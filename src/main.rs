@@ -1,10 +1,12 @@
 //! `pycage`: run untrusted Python in a sandbox from the command line.
 
+mod backends;
 mod bench;
 mod cli;
 mod exit;
 mod report;
 mod run;
+mod worker;
 
 use std::process::ExitCode;
 
@@ -39,13 +41,14 @@ fn main() -> ExitCode {
             return Exit::Internal.into();
         }
     };
-    let exit = runtime.block_on(async {
+    runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => run::run(args).await,
-            Command::Bench(args) => bench::bench(args).await,
+            Command::Run(args) => run::run(args).await.into(),
+            Command::Bench(args) => bench::bench(args).await.into(),
+            Command::Backends(args) => backends::list(args).into(),
+            Command::Worker(args) => worker::worker(args).await,
         }
-    });
-    exit.into()
+    })
 }
 
 fn init_logging() {

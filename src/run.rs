@@ -1,13 +1,12 @@
 //! `pycage run`: resolve the arguments into a runner and a request, run, report.
 
-use std::io::Read;
-use std::path::Path;
-use std::sync::Arc;
-
-use pycage::{Backend, ErrorKind, Limits, Runner, ToolPolicy, WasmBackend};
+use pycage::{Availability, BuildError, ErrorKind, Limits, Runner, ToolPolicy, WasmBackend};
 use pycage_tools::ToolRegistry;
 use serde_json::{Map, Value};
+use std::io::Read;
+use std::path::Path;
 
+use crate::backends;
 use crate::cli::RunArgs;
 use crate::exit::Exit;
 use crate::report;
@@ -31,6 +30,13 @@ pub async fn run(args: RunArgs) -> Exit {
             return Exit::Usage;
         }
     };
+    if let Availability::Unavailable(why) = settings.runner.backend().availability() {
+        eprintln!(
+            "pycage: backend `{}` cannot run here: {why}",
+            settings.runner.backend().name()
+        );
+        return Exit::Internal;
+    }
     if let Some(wasm) = &settings.wasm
         && !wasm.is_cached()
     {
@@ -79,21 +85,20 @@ fn resolve(args: RunArgs) -> Result<RunSettings, String> {
         .build()
         .map_err(|e| e.to_string())?;
 
-    // One run needs one instance: reserve pooling slots for a few, not for a thousand.
-    let (backend, wasm): (Arc<dyn Backend>, _) = match args.backend.as_str() {
-        "wasm" => {
-            let wasm = WasmBackend::builder().max_instances(2).build()?;
-            (Arc::new(wasm.clone()), Some(wasm))
-        }
-        other => return Err(format!("unknown backend `{other}` (available: wasm)")),
-    };
+    let (backend, wasm) = backends::by_name(&args.backend)?;
     let runner = Runner::builder()
         .backend(backend)
         .tools(tools)
         .policy(policy)
         .limits(limits.clone())
+        .allow_no_isolation(args.allow_no_isolation)
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| match e {
+            BuildError::NoIsolation(name) => format!(
+                "backend `{name}` provides no isolation: the code would run with your files, network and processes; pass --allow-no-isolation to accept that"
+            ),
+            other => other.to_string(),
+        })?;
     Ok(RunSettings {
         code,
         runner,

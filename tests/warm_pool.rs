@@ -75,3 +75,12 @@ async fn unmetered_backends_report_no_fuel_and_refuse_budgets() {
     let refused = r.run_with("return 1", Default::default(), &limits).await;
     assert_eq!(refused.error.unwrap().kind, pycage::ErrorKind::InvalidInput);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_capability_works_at_full_instance_capacity() {
+    let one = WasmBackend::builder().max_instances(1).build().unwrap();
+    let r = runner(&one)
+        .run("import socket\ntry:\n    socket.getaddrinfo('localhost', 80)\nexcept PermissionError:\n    return 'denied'")
+        .await;
+    assert_eq!(r.value, json!("denied"), "{r:#?}");
+}

@@ -32,6 +32,8 @@ pub mod capture;
 #[doc(hidden)]
 pub mod fuzzing;
 mod limits;
+#[cfg(unix)]
+pub mod os;
 pub mod policy;
 mod result;
 mod runner;
@@ -40,6 +42,10 @@ pub mod wasm;
 pub use backend::{Availability, Backend, Job};
 pub use broker::{Broker, CallError};
 pub use limits::{Limits, LimitsBuilder, LimitsError, MAX_MEMORY_BYTES, MIN_MEMORY_BYTES};
+#[cfg(unix)]
+pub use os::{
+    BubblewrapBackend, DockerBackend, LayeredBackend, LocalBackend, SeatbeltBackend, WindowsBackend,
+};
 pub use policy::{ExposedTools, PolicyError, ToolPolicy};
 pub use pycage_tools;
 pub use result::{ErrorKind, RunError, RunResult};

@@ -20,7 +20,16 @@
 //! allow = ["math.add"]               # optional: tools to expose (default: namespace math)
 //! then = ["...code..."]              # optional: follow-up runs; the last one is checked
 //! backends = ["wasm"]                # optional: only on these backends
+//! native = "same"                    # optional: what native-CPython backends must show:
+//!                                    #   "same" (every check above), or an `expect` value
+//!                                    #   (default "any": only the shared invariants and caps)
 //! ```
+//!
+//! `expect`, `exception`, `message_contains` and `value` describe the wasm guest (and the
+//! layered backend, which runs the same guest). Native CPython in an OS sandbox has fork,
+//! sockets and a real file system *inside* its sandbox, so those cases check it through the
+//! invariants unless `native` says more. Caps (`output_max`, `message_max`, `tool_calls`) and
+//! the invariants apply to every backend.
 //!
 //! Placeholders: `@CANARY_FILE@`, `@CANARY_DIR@`, `@MARKER@`, `@TCP_PORT@`, `@UDP_PORT@`,
 //! `@UNIX_SOCKET@`, `@ENV_NAME@`.
@@ -58,11 +67,30 @@ pub struct Case {
     pub allow: Vec<String>,
     pub then: Vec<String>,
     backends: Vec<String>,
+    native: Native,
+}
+
+/// What a native-CPython backend must show.
+#[derive(Debug, Clone, PartialEq)]
+enum Native {
+    /// The same as the wasm guest.
+    Same,
+    /// Only this outcome (plus caps and invariants).
+    Expect(Expect),
 }
 
 impl Case {
     pub fn runs_on(&self, backend: &str) -> bool {
         self.backends.is_empty() || self.backends.iter().any(|b| b == backend)
+    }
+
+    /// The outcome expected on `backend`, and whether the wasm-specific details (exception,
+    /// message, value) apply there too.
+    pub fn expectation(&self, native_backend: bool) -> (&Expect, bool) {
+        match (&self.native, native_backend) {
+            (_, false) | (Native::Same, true) => (&self.expect, true),
+            (Native::Expect(e), true) => (e, false),
+        }
     }
 }
 
@@ -96,6 +124,7 @@ struct RawCase {
     then: Vec<String>,
     #[serde(default)]
     backends: Vec<String>,
+    native: Option<toml::Value>,
 }
 
 /// Every case of every corpus file, in file order.
@@ -163,6 +192,11 @@ fn convert(category: &str, raw: RawCase) -> Result<Case, String> {
         allow: raw.allow,
         then: raw.then,
         backends: raw.backends,
+        native: match &raw.native {
+            None => Native::Expect(Expect::Any),
+            Some(toml::Value::String(s)) if s == "same" => Native::Same,
+            Some(v) => Native::Expect(expect(v)?),
+        },
     })
 }
 

@@ -61,7 +61,9 @@ fn pooling(max_instances: u32) -> PoolingAllocationConfig {
         // CPython's function table holds about 5,700 entries.
         .table_elements(16 * 1024)
         .max_memory_size(MAX_MEMORY_BYTES as usize)
-        .total_stacks(max_instances)
+        // A run can need a second fiber: a denied WASI call releases the guest's handles
+        // asynchronously from inside the guest's own fiber.
+        .total_stacks(max_instances.saturating_mul(2))
         // A run dirties a few hundred pages of the 20 MiB heap snapshot. Resetting a slot by
         // `madvise` throws those pages away, so the next instance in the slot page-faults
         // (and copies) them all again; profiles showed those faults as a third of a fresh run.

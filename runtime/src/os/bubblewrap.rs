@@ -1,0 +1,311 @@
+//! The bubblewrap backend (Linux): native CPython in fresh namespaces.
+//!
+//! # Security
+//!
+//! Each run gets `bwrap --unshare-all` (user, mount, pid, network, ipc, uts and cgroup
+//! namespaces) with `--disable-userns` (no nested user namespaces), an unprivileged uid and
+//! gid inside (65534) and every capability dropped, `--die-with-parent` and `--new-session`.
+//! The file system is empty except for read-only binds of the interpreter's system
+//! directories (`/usr`, and `/bin`, `/lib`, ... as the host has them), a fresh `/tmp`
+//! (tmpfs, capped at a quarter of the memory limit), a fresh `/proc`, a minimal `/dev`, and the run's
+//! private directory (read-only) holding the guest's Python files and the broker's socket.
+//! There is no network (only an unconfigured loopback in the new namespace) and the
+//! environment is cleared.
+//!
+//! Limits: rlimits (CPU seconds, address space, processes, file size, open files) through
+//! `prlimit`, and, where the host's cgroup file system is writable, a cgroup capping the
+//! tree's processes and memory (see the [`cgroup`] module). The wall clock is enforced by
+//! the host, which kills the whole tree (process group, pid namespace, cgroup).
+//!
+//! Not protected: the host's kernel is shared (a kernel exploit escapes), and everything
+//! under the bound system directories is readable.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use super::cgroup;
+use super::host_layout::HostLayout;
+use super::native::{
+    self, DEFAULT_INTERPRETER, GUEST_ENV, GUEST_MOUNT, INTERPRETER_FLAGS, NativeRun, NativeSandbox,
+    SandboxCommand,
+};
+use super::rlimits::{self, MAX_PROCESSES, PRLIMIT, Rlimits};
+use crate::Limits;
+use crate::backend::{Availability, Backend, Job, RunFuture};
+use crate::broker::Broker;
+
+/// Where bubblewrap is; never looked up on `PATH`.
+pub const BWRAP: &str = "/usr/bin/bwrap";
+
+/// The uid and gid the guest has inside its user namespace ("nobody").
+pub const SANDBOX_ID: u32 = 65534;
+
+/// What one bubblewrap sandbox exposes. Plain data; [`render_bwrap`] turns it into argv.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BwrapSpec {
+    /// The host's system directories, bound read-only (or recreated as links).
+    pub layout: HostLayout,
+    /// The run directory's host path, bound read-only at [`GUEST_MOUNT`].
+    pub run_dir: Option<PathBuf>,
+    /// Further read-only binds, `(host path, sandbox path)`.
+    pub extra_ro_binds: Vec<(PathBuf, PathBuf)>,
+    /// The size of the fresh `/tmp`.
+    pub tmp_bytes: u64,
+    /// The guest's environment.
+    pub env: Vec<(String, String)>,
+    /// The command run inside.
+    pub program: Vec<OsString>,
+}
+
+/// The bubblewrap command line for `spec` (starting with [`BWRAP`]). Pure.
+pub fn render_bwrap(spec: &BwrapSpec) -> Vec<OsString> {
+    let mut argv: Vec<OsString> = [
+        BWRAP,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--clearenv",
+        "--hostname",
+        "pycage",
+    ]
+    .into_iter()
+    .map(OsString::from)
+    .collect();
+    let id = SANDBOX_ID.to_string();
+    argv.extend(["--uid".into(), id.clone().into(), "--gid".into(), id.into()]);
+    for (k, v) in &spec.env {
+        argv.extend(["--setenv".into(), k.into(), v.into()]);
+    }
+    argv.extend(spec.layout.bwrap_args());
+    argv.extend([
+        "--size".into(),
+        spec.tmp_bytes.to_string().into(),
+        "--tmpfs".into(),
+        "/tmp".into(),
+        "--proc".into(),
+        "/proc".into(),
+        "--dev".into(),
+        "/dev".into(),
+    ]);
+    if let Some(run_dir) = &spec.run_dir {
+        argv.extend([
+            "--ro-bind".into(),
+            run_dir.as_os_str().to_owned(),
+            GUEST_MOUNT.into(),
+        ]);
+    }
+    for (host, inside) in &spec.extra_ro_binds {
+        argv.extend([
+            "--ro-bind".into(),
+            host.as_os_str().to_owned(),
+            inside.as_os_str().to_owned(),
+        ]);
+    }
+    argv.extend(["--chdir".into(), "/tmp".into(), "--".into()]);
+    argv.extend(spec.program.iter().cloned());
+    argv
+}
+
+/// The environment a native guest gets inside bubblewrap.
+pub(crate) fn guest_env() -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = GUEST_ENV
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    env.push(("HOME".into(), "/tmp".into()));
+    env
+}
+
+/// The bubblewrap backend. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct BubblewrapBackend {
+    interpreter: PathBuf,
+    layout: Arc<HostLayout>,
+}
+
+impl Default for BubblewrapBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BubblewrapBackend {
+    /// The backend with the system's Python ([`DEFAULT_INTERPRETER`]).
+    pub fn new() -> Self {
+        Self::with_interpreter(DEFAULT_INTERPRETER)
+    }
+
+    /// The backend with another interpreter: an absolute path under the host's system
+    /// directories (only those are bound into the sandbox).
+    pub fn with_interpreter(interpreter: impl Into<PathBuf>) -> Self {
+        BubblewrapBackend {
+            interpreter: interpreter.into(),
+            layout: Arc::new(HostLayout::probe()),
+        }
+    }
+
+    /// The whole command line of one run: `prlimit` with the run's rlimits, then bubblewrap,
+    /// then the interpreter. Pure.
+    pub fn render(&self, limits: &Limits, run_dir: &Path, processes: Option<u64>) -> Vec<OsString> {
+        let mut program = vec![self.interpreter.as_os_str().to_owned()];
+        program.extend(INTERPRETER_FLAGS.iter().map(OsString::from));
+        program.push(
+            Path::new(GUEST_MOUNT)
+                .join("pycage_socket.py")
+                .into_os_string(),
+        );
+        let spec = BwrapSpec {
+            layout: (*self.layout).clone(),
+            run_dir: Some(run_dir.to_owned()),
+            extra_ro_binds: Vec::new(),
+            tmp_bytes: rlimits::scratch_bytes(limits),
+            env: guest_env(),
+            program,
+        };
+        Rlimits::for_limits(limits, processes).wrap(render_bwrap(&spec))
+    }
+
+    /// How the run's process tree is contained here: cgroup caps, or rlimits alone.
+    pub fn containment(&self) -> String {
+        containment_note()
+    }
+}
+
+/// How process trees are contained on this host (for `availability` notes and the CLI).
+pub fn containment_note() -> String {
+    match cgroup::support() {
+        Ok(s) => format!("{}; rlimits per process", s.describe()),
+        Err(why) => format!(
+            "rlimits only ({why}): RLIMIT_NPROC does not bind root, so a fork bomb run by root is bounded by the pid namespace and the wall clock"
+        ),
+    }
+}
+
+impl NativeSandbox for BubblewrapBackend {
+    fn name(&self) -> &'static str {
+        "bubblewrap"
+    }
+
+    fn guest_dir(&self, _host_dir: &Path) -> PathBuf {
+        PathBuf::from(GUEST_MOUNT)
+    }
+
+    fn command(&self, run: &NativeRun<'_>) -> Result<SandboxCommand, String> {
+        Ok(SandboxCommand {
+            argv: self.render(run.limits, run.host_dir, Some(process_allowance())),
+            env: Vec::new(),
+            cwd: run.host_dir.to_owned(),
+            container: None,
+        })
+    }
+
+    fn uses_cgroup(&self) -> bool {
+        true
+    }
+}
+
+/// `RLIMIT_NPROC` counts all of the user's processes: allow the run [`MAX_PROCESSES`] more
+/// than the user has now.
+pub(crate) fn process_allowance() -> u64 {
+    let uid = rustix::process::getuid().as_raw();
+    rlimits::user_process_count(uid) + MAX_PROCESSES
+}
+
+impl Backend for BubblewrapBackend {
+    fn name(&self) -> &'static str {
+        "bubblewrap"
+    }
+
+    fn provides_isolation(&self) -> bool {
+        true
+    }
+
+    fn availability(&self) -> Availability {
+        if let Err(why) = check_binaries(&self.interpreter, &self.layout) {
+            return Availability::Unavailable(why);
+        }
+        match probe_namespaces(&self.interpreter, &self.layout) {
+            Ok(()) => Availability::Available,
+            Err(why) => Availability::Unavailable(why),
+        }
+    }
+
+    fn run(&self, job: Job, broker: Arc<Broker>) -> RunFuture<'_> {
+        Box::pin(native::run(self, job, broker))
+    }
+}
+
+/// The static checks: the right OS, the binaries, an interpreter inside the bound
+/// directories.
+pub(crate) fn check_binaries(interpreter: &Path, layout: &HostLayout) -> Result<(), String> {
+    if !cfg!(target_os = "linux") {
+        return Err("wrong OS: bubblewrap needs Linux".into());
+    }
+    for binary in [BWRAP, PRLIMIT] {
+        if !Path::new(binary).is_file() {
+            return Err(format!("binary missing: {binary}"));
+        }
+    }
+    if !interpreter.is_absolute() || !interpreter.exists() {
+        return Err(format!("interpreter missing: {}", interpreter.display()));
+    }
+    if !layout.entries.iter().any(|(dir, e)| {
+        *e != super::host_layout::SystemEntry::Missing && interpreter.starts_with(dir)
+    }) {
+        return Err(format!(
+            "the interpreter {} is outside the system directories the sandbox binds",
+            interpreter.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Starts one empty sandbox (once per process) to see whether this host lets bubblewrap
+/// create its namespaces.
+pub(crate) fn probe_namespaces(interpreter: &Path, layout: &HostLayout) -> Result<(), String> {
+    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            let spec = BwrapSpec {
+                layout: layout.clone(),
+                run_dir: None,
+                extra_ro_binds: Vec::new(),
+                tmp_bytes: 1 << 20,
+                env: guest_env(),
+                program: vec![
+                    interpreter.as_os_str().to_owned(),
+                    "-I".into(),
+                    "-c".into(),
+                    "pass".into(),
+                ],
+            };
+            let argv = render_bwrap(&spec);
+            let out = std::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .env_clear()
+                .stdin(std::process::Stdio::null())
+                .output()
+                .map_err(|e| format!("bubblewrap cannot start: {e}"))?;
+            if out.status.success() {
+                return Ok(());
+            }
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let last = stderr
+                .lines()
+                .last()
+                .unwrap_or("no message")
+                .trim()
+                .to_owned();
+            Err(format!("bubblewrap cannot create its sandbox here: {last}"))
+        })
+        .clone()
+}
+
+#[cfg(test)]
+#[path = "bubblewrap_tests.rs"]
+mod tests;

@@ -1,0 +1,145 @@
+use std::time::Duration;
+
+use super::*;
+
+fn backend() -> BubblewrapBackend {
+    BubblewrapBackend {
+        interpreter: DEFAULT_INTERPRETER.into(),
+        layout: Arc::new(HostLayout::merged_usr()),
+    }
+}
+
+fn rendered(limits: &Limits) -> Vec<String> {
+    backend()
+        .render(limits, Path::new("/tmp/pycage-abc"), Some(99))
+        .into_iter()
+        .map(|a| a.into_string().unwrap())
+        .collect()
+}
+
+fn after<'a>(argv: &'a [String], flag: &str) -> Vec<&'a str> {
+    argv.windows(2)
+        .filter(|w| w[0] == flag)
+        .map(|w| w[1].as_str())
+        .collect()
+}
+
+#[test]
+fn the_command_line_is_prlimit_then_bwrap_then_python() {
+    let limits = Limits::builder()
+        .wall_timeout(Duration::from_secs(5))
+        .memory_bytes(128 << 20)
+        .build()
+        .unwrap();
+    let argv = rendered(&limits);
+    assert_eq!(argv[0], PRLIMIT);
+    let bwrap = argv.iter().position(|a| a == BWRAP).expect("bwrap runs");
+    assert_eq!(
+        &argv[1..bwrap],
+        [
+            "--cpu=6:7",
+            "--as=134217728",
+            "--nproc=99",
+            "--fsize=33554432",
+            "--nofile=256",
+            "--core=0",
+            "--"
+        ]
+    );
+    let sep = argv.iter().rposition(|a| a == "--").unwrap();
+    assert_eq!(
+        &argv[sep + 1..],
+        [
+            "/usr/bin/python3",
+            "-I",
+            "-B",
+            "/run/pycage/pycage_socket.py"
+        ]
+    );
+}
+
+#[test]
+fn every_namespace_is_new_and_nothing_privileged_remains() {
+    let argv = rendered(&Limits::default());
+    for flag in [
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+    ] {
+        assert!(argv.iter().any(|a| a == flag), "{flag} missing");
+    }
+    assert_eq!(after(&argv, "--cap-drop"), ["ALL"]);
+    assert_eq!(after(&argv, "--uid"), ["65534"]);
+    assert_eq!(after(&argv, "--gid"), ["65534"]);
+    // Sharing flags would undo the unsharing.
+    assert!(!argv.iter().any(|a| a.starts_with("--share")), "{argv:?}");
+    assert!(!argv.iter().any(|a| a == "--cap-add"));
+}
+
+#[test]
+fn only_system_directories_and_the_run_directory_are_bound() {
+    let argv = rendered(&Limits::default());
+    let ro: Vec<_> = argv
+        .windows(3)
+        .filter(|w| w[0] == "--ro-bind")
+        .map(|w| (w[1].as_str(), w[2].as_str()))
+        .collect();
+    assert_eq!(ro, [("/usr", "/usr"), ("/tmp/pycage-abc", "/run/pycage")]);
+    assert!(!argv.iter().any(|a| a == "--bind" || a == "--dev-bind"));
+    assert_eq!(after(&argv, "--tmpfs"), ["/tmp"]);
+    assert_eq!(
+        after(&argv, "--size"),
+        // A quarter of the memory limit: a full /tmp is an OSError before memory runs out.
+        [(64u64 << 20).to_string().as_str()]
+    );
+    assert_eq!(after(&argv, "--proc"), ["/proc"]);
+    assert_eq!(after(&argv, "--chdir"), ["/tmp"]);
+    for secret in ["/home", "/root", "/etc", "/var", "/run/user"] {
+        assert!(!argv.iter().any(|a| a == secret), "{secret} is exposed");
+    }
+}
+
+#[test]
+fn the_guest_environment_is_fixed() {
+    let argv = rendered(&Limits::default());
+    let set: Vec<_> = argv
+        .windows(3)
+        .filter(|w| w[0] == "--setenv")
+        .map(|w| format!("{}={}", w[1], w[2]))
+        .collect();
+    assert_eq!(set, ["PATH=/usr/bin:/bin", "LC_ALL=C.UTF-8", "HOME=/tmp"]);
+}
+
+#[test]
+fn extra_binds_are_read_only() {
+    let spec = BwrapSpec {
+        layout: HostLayout::merged_usr(),
+        run_dir: None,
+        extra_ro_binds: vec![("/opt/cache".into(), "/run/pycage-cache".into())],
+        tmp_bytes: 1,
+        env: Vec::new(),
+        program: vec!["/x".into()],
+    };
+    let argv: Vec<_> = render_bwrap(&spec)
+        .into_iter()
+        .map(|a| a.into_string().unwrap())
+        .collect();
+    let i = argv.iter().position(|a| a == "/opt/cache").unwrap();
+    assert_eq!(argv[i - 1], "--ro-bind");
+    assert_eq!(argv[i + 1], "/run/pycage-cache");
+    assert!(!argv.iter().any(|a| a == "/run/pycage"));
+}
+
+#[test]
+fn an_interpreter_outside_the_system_directories_is_refused() {
+    let layout = HostLayout::merged_usr();
+    if cfg!(target_os = "linux") && Path::new(BWRAP).exists() && Path::new(PRLIMIT).exists() {
+        let e = check_binaries(Path::new("/opt/python/bin/python3"), &layout).unwrap_err();
+        assert!(e.contains("interpreter"), "{e}");
+    }
+    let e = check_binaries(Path::new("python3"), &layout);
+    assert!(e.is_err());
+}

@@ -1,0 +1,198 @@
+//! The one classifier of the OS backends: how a sandboxed run ended (its result frame, its
+//! exit, what the cgroup saw) becomes a value or a [`RunError`].
+
+use serde_json::Value;
+
+use super::protocol::Outcome;
+use crate::{ErrorKind, RunError};
+
+/// Host-side caps on the guest's failure texts (the guest caps them too; it is not trusted
+/// to).
+const MAX_MESSAGE_CHARS: usize = 2000;
+const MAX_TRACEBACK_CHARS: usize = 16_000;
+const MAX_EXCEPTION_CHARS: usize = 200;
+
+/// `SIGKILL`, `SIGXCPU` and the signals of a crash.
+const SIGKILL: i32 = 9;
+const SIGXCPU: i32 = 24;
+const SIGXFSZ: i32 = 25;
+
+/// The exit status the guest bootstrap and the cgroup wrapper use for "could not start".
+pub(crate) const BOOTSTRAP_FAILED: i32 = 121;
+
+/// How the sandboxed process ended, as the host saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// It exited with this status.
+    Code(i32),
+    /// A signal ended it.
+    Signal(i32),
+    /// The wall-clock deadline passed and the host killed it.
+    TimedOut,
+    /// The sandbox itself could not start it (for example `docker run` failed).
+    SandboxFailed,
+}
+
+/// Who produced the result frame, which decides what it may claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reporter {
+    /// The Python guest: it can only report how the code ended (syntax error, exception,
+    /// invalid input, value too large).
+    Guest,
+    /// A layered worker running the wasm engine: it reports the engine's classification.
+    Worker,
+}
+
+/// What the host saw besides the exit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Evidence {
+    /// The memory cgroup killed a process of the run.
+    pub oom_killed: bool,
+}
+
+/// The run's value, or why there is none.
+///
+/// The order of precedence: the host's own deadline; then the guest's result frame (checked:
+/// the value's size and validity, and the failure kinds the reporter may claim); then, with
+/// no result, the exit.
+pub fn classify(
+    outcome: Option<Outcome>,
+    exit: Exit,
+    evidence: Evidence,
+    reporter: Reporter,
+    max_value_bytes: u64,
+) -> Result<Value, RunError> {
+    if exit == Exit::TimedOut {
+        return Err(RunError::new(
+            ErrorKind::Timeout,
+            "the wall-clock limit was reached",
+        ));
+    }
+    if let Some(outcome) = outcome {
+        return match outcome.value {
+            Ok(json) => decode_value(&json, max_value_bytes),
+            Err(failure) => Err(failure_error(failure, reporter)),
+        };
+    }
+    match exit {
+        Exit::TimedOut => Err(RunError::new(
+            ErrorKind::Timeout,
+            "the wall-clock limit was reached",
+        )),
+        _ if evidence.oom_killed => Err(RunError::new(
+            ErrorKind::MemoryLimit,
+            "the guest ran out of memory under the memory limit",
+        )),
+        Exit::Code(0) => Ok(Value::Null),
+        Exit::Code(BOOTSTRAP_FAILED) | Exit::SandboxFailed => Err(RunError::new(
+            ErrorKind::BackendError,
+            "the sandbox could not start the guest",
+        )),
+        Exit::Code(_) => Err(RunError::new(
+            ErrorKind::GuestException,
+            "the guest exited with a failure status",
+        )),
+        Exit::Signal(SIGXCPU) => Err(RunError::new(
+            ErrorKind::Timeout,
+            "the CPU-time limit was reached",
+        )),
+        Exit::Signal(SIGXFSZ) => Err(RunError::new(
+            ErrorKind::GuestException,
+            "the guest wrote a file larger than the limit",
+        )),
+        Exit::Signal(SIGKILL) => Err(RunError::new(
+            ErrorKind::BackendError,
+            "the guest interpreter was killed",
+        )),
+        Exit::Signal(n) => Err(RunError::new(
+            ErrorKind::BackendError,
+            format!("the guest interpreter crashed (signal {n})"),
+        )),
+    }
+}
+
+/// Maps a reported failure, keeping only what the reporter may claim.
+fn failure_error(failure: RunError, reporter: Reporter) -> RunError {
+    let exception = failure
+        .exception
+        .map(|e| cap_chars(&e, MAX_EXCEPTION_CHARS));
+    let claimed = failure.kind;
+    let kind = match reporter {
+        Reporter::Worker => claimed,
+        Reporter::Guest => match claimed {
+            // A native interpreter's MemoryError comes from the address-space limit.
+            ErrorKind::GuestException if exception.as_deref() == Some("MemoryError") => {
+                ErrorKind::MemoryLimit
+            }
+            ErrorKind::GuestException
+            | ErrorKind::SyntaxError
+            | ErrorKind::InvalidInput
+            | ErrorKind::ValueTooLarge => claimed,
+            ErrorKind::Timeout
+            | ErrorKind::FuelExhausted
+            | ErrorKind::MemoryLimit
+            | ErrorKind::StackOverflow
+            | ErrorKind::ToolCallLimit
+            | ErrorKind::CapabilityDenied
+            | ErrorKind::BackendError => {
+                return RunError::new(
+                    ErrorKind::GuestException,
+                    "the guest reported a failure it cannot know about",
+                );
+            }
+        },
+    };
+    RunError {
+        kind,
+        message: cap_chars(&failure.message, MAX_MESSAGE_CHARS),
+        traceback: failure
+            .traceback
+            .map(|t| cap_chars(&t, MAX_TRACEBACK_CHARS)),
+        exception,
+    }
+}
+
+/// The guest's value JSON, checked on the host: within the cap, and valid JSON.
+pub(crate) fn decode_value(json: &str, max_bytes: u64) -> Result<Value, RunError> {
+    if json.len() as u64 > max_bytes {
+        return Err(RunError::new(
+            ErrorKind::ValueTooLarge,
+            format!(
+                "the return value is {} bytes of JSON; the limit is {max_bytes}",
+                json.len()
+            ),
+        ));
+    }
+    serde_json::from_str(json).map_err(|_| {
+        RunError::new(
+            ErrorKind::GuestException,
+            "the return value is not valid JSON",
+        )
+    })
+}
+
+fn cap_chars(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_owned(),
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+    }
+}
+
+/// The [`Exit`] of a process status. A status of 128 + n from `docker run` is the container's
+/// process ended by signal n; 125–127 are Docker's own failures.
+pub(crate) fn exit_of(status: std::process::ExitStatus, docker: bool) -> Exit {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(signal) = status.signal() {
+        return Exit::Signal(signal);
+    }
+    match status.code() {
+        Some(125..=127) if docker => Exit::SandboxFailed,
+        Some(code @ 129..=192) if docker => Exit::Signal(code - 128),
+        Some(code) => Exit::Code(code),
+        None => Exit::SandboxFailed,
+    }
+}
+
+#[cfg(test)]
+#[path = "classify_tests.rs"]
+mod tests;

@@ -1,0 +1,382 @@
+//! The layered backend, `wasm+bubblewrap` (Linux): the wasm engine itself runs in a
+//! bubblewrap-confined worker process, so an engine bug still lands in an empty namespace;
+//! the broker stays in the host.
+//!
+//! # Security
+//!
+//! Two boundaries. The guest is the wasm backend's: CPython on WASI with no host syscalls,
+//! fuel, memory and wall-clock limits enforced by the engine. The engine runs in a worker
+//! process (`<worker executable> worker --cache-dir /run/pycage-cache`) inside the same
+//! bubblewrap sandbox as the [`bubblewrap`] backend: new namespaces, no
+//! network, no capabilities, an empty file system except read-only binds of the system
+//! directories, the worker executable, the prepared artifact cache and the run's socket
+//! directory; rlimits (CPU seconds, processes, file size, open files; not address space,
+//! which the engine reserves generously) and, where the host allows, a cgroup capping the
+//! worker's processes and memory. The host prepares the compiled artifact before the
+//! worker starts, so the worker never compiles and never writes the cache.
+//!
+//! Tool calls cross the same socket protocol as the native backends: the worker's gate
+//! forwards each call to the host's broker, which decides. The worker's report (the value,
+//! the guest's output, fuel) is untrusted data, checked and capped by the host.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::bubblewrap::{self, BwrapSpec, guest_env, process_allowance, render_bwrap};
+use super::cgroup::{self, RunCgroup};
+use super::classify::{self, Evidence, Exit, Reporter};
+use super::host_layout::HostLayout;
+use super::native::{GUEST_MOUNT, backend_failure};
+use super::rlimits::{MAX_PROCESSES, Rlimits};
+use super::run_dir::{RunDir, SOCKET_NAME};
+use super::server::SocketServer;
+use super::spawn::{self, Containment, Ended, SpawnSpec};
+use super::token::random_hex;
+use super::worker::{WorkerRequest, worker_backend};
+use crate::backend::{Availability, Backend, Job, RunFuture};
+use crate::broker::Broker;
+use crate::capture::CapturePipe;
+use crate::wasm::{ArtifactSource, WasmBackend};
+use crate::{ErrorKind, Limits, RunResult};
+
+/// Where the worker executable appears inside the sandbox.
+pub const WORKER_PATH: &str = "/run/pycage-bin/pycage";
+
+/// Where the artifact cache appears inside the sandbox.
+pub const CACHE_MOUNT: &str = "/run/pycage-cache";
+
+/// How long after the wall-clock limit the host kills a worker that has not reported (the
+/// worker enforces the limit itself; this is the backstop).
+pub const WORKER_GRACE: Duration = Duration::from_millis(1500);
+
+/// Memory the worker's own runtime may use on top of the guest's memory limit.
+pub const WORKER_OVERHEAD_BYTES: u64 = 512 << 20;
+
+/// The cap on the worker's own stdout and stderr (diagnostics, logged, never shown).
+const WORKER_DIAGNOSTICS_BYTES: u64 = 16 * 1024;
+
+/// The layered backend. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct LayeredBackend {
+    worker: PathBuf,
+    cache_dir: PathBuf,
+    host: Result<WasmBackend, String>,
+    layout: Arc<HostLayout>,
+}
+
+impl LayeredBackend {
+    /// A backend whose worker is `worker_executable` (an absolute path to an executable that
+    /// runs [`worker::serve`](super::worker::serve) as `<exe> worker --cache-dir <dir>`, such
+    /// as the `pycage` CLI itself) with compiled artifacts in `cache_dir` (written by the
+    /// host, read-only to the worker).
+    pub fn new(worker_executable: PathBuf, cache_dir: PathBuf) -> Self {
+        let host = worker_backend(&cache_dir);
+        LayeredBackend {
+            worker: worker_executable,
+            cache_dir,
+            host,
+            layout: Arc::new(HostLayout::probe()),
+        }
+    }
+
+    /// The whole command line of one run: `prlimit` (without an address-space limit), then
+    /// bubblewrap with the worker, the cache and the run directory bound read-only, then the
+    /// worker. Pure.
+    pub fn render(&self, limits: &Limits, run_dir: &Path, processes: Option<u64>) -> Vec<OsString> {
+        render_layered(
+            &self.layout,
+            &self.worker,
+            &self.cache_dir,
+            limits,
+            run_dir,
+            processes,
+        )
+    }
+
+    async fn run_job(&self, job: Job, broker: Arc<Broker>) -> RunResult {
+        let name = self.name();
+        let prep_started = Instant::now();
+        let fail = |error| RunResult::failed(name, error, prep_started.elapsed());
+        let host = match &self.host {
+            Ok(h) => h,
+            Err(e) => return fail(backend_failure("the wasm engine could not be created", e)),
+        };
+        // Compile (or verify) the artifact here, so the worker only maps it. This does not
+        // count against the run's wall clock, as for the wasm backend.
+        match host.prepare().await {
+            Ok(ArtifactSource::CompiledUncached) => {
+                return fail(backend_failure(
+                    "the layered backend needs a writable artifact cache",
+                    self.cache_dir.display(),
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => return fail(backend_failure("the wasm guest could not be prepared", e)),
+        }
+        let started = Instant::now();
+        let limits = job.limits.clone();
+        let dir = match RunDir::create() {
+            Ok(dir) => dir,
+            Err(e) => return fail(backend_failure("the run directory could not be created", e)),
+        };
+        let host_dir = dir.path().to_owned();
+        let server = match SocketServer::start(dir, broker.clone(), &limits) {
+            Ok(s) => s,
+            Err(e) => {
+                return fail(backend_failure(
+                    "the broker's socket could not be opened",
+                    e,
+                ));
+            }
+        };
+        // Names (container, cgroup) are visible to other users: a tag of their own, not the token.
+        let tag = match random_hex(4) {
+            Ok(r) => format!("{r}-{}", std::process::id()),
+            Err(e) => return fail(backend_failure("no randomness for the run's name", e)),
+        };
+        let cgroup = match cgroup::support() {
+            Ok(support) => match RunCgroup::create(
+                support,
+                &format!("run-{tag}"),
+                MAX_PROCESSES,
+                limits.memory_bytes().saturating_add(WORKER_OVERHEAD_BYTES),
+            ) {
+                Ok(cg) => Some(cg),
+                Err(e) => return fail(backend_failure("the run's cgroup could not be created", e)),
+            },
+            Err(_) => None,
+        };
+        let request = WorkerRequest {
+            socket: Path::new(GUEST_MOUNT).join(SOCKET_NAME),
+            token: server.token().as_str().to_owned(),
+            job: job.into(),
+        };
+        let stdin = match serde_json::to_vec(&request) {
+            Ok(s) => s,
+            Err(e) => {
+                return fail(backend_failure(
+                    "the worker's request could not be encoded",
+                    e,
+                ));
+            }
+        };
+        drop(request);
+        let argv = self.render(&limits, &host_dir, Some(process_allowance()));
+        let argv = match &cgroup {
+            Some(cg) => cgroup::wrap(cg.procs_files(), argv),
+            None => argv,
+        };
+        let spec = SpawnSpec {
+            argv,
+            env: Vec::new(),
+            cwd: host_dir.clone(),
+            stdin,
+            output_cap: WORKER_DIAGNOSTICS_BYTES,
+            deadline: started + limits.wall_timeout() + WORKER_GRACE,
+        };
+        let contain = Containment {
+            cgroup: cgroup.as_ref(),
+            container: None,
+        };
+        let spawned = spawn::run(spec, contain).await;
+        let evidence = Evidence {
+            oom_killed: cgroup.as_ref().is_some_and(RunCgroup::oom_killed),
+        };
+        if let Some(cg) = cgroup {
+            cg.finish().await;
+        }
+        let outcome = server.take_outcome();
+        drop(server);
+        let spawned = match spawned {
+            Ok(s) => s,
+            Err(e) => return fail(backend_failure("the worker could not be started", e)),
+        };
+        let exit = match spawned.ended {
+            Ended::TimedOut => Exit::TimedOut,
+            Ended::Exited(status) => classify::exit_of(status, false),
+        };
+        if outcome.is_none() {
+            tracing::warn!(
+                ?exit,
+                stderr = %spawned.stderr.text,
+                "pycage: the layered worker ended without a result"
+            );
+        }
+        let report = outcome
+            .as_ref()
+            .and_then(|o| o.report.clone())
+            .unwrap_or_default();
+        let value = classify::classify(
+            outcome,
+            exit,
+            evidence,
+            Reporter::Worker,
+            limits.max_value_bytes(),
+        );
+        let (ok, value, error) = match value {
+            Ok(v) => (true, v, None),
+            Err(e) => (false, Value::Null, Some(e)),
+        };
+        let (stdout, stdout_cut) = recap(report.stdout, limits.max_output_bytes());
+        let (stderr, stderr_cut) = recap(report.stderr, limits.max_output_bytes());
+        RunResult {
+            ok,
+            value,
+            stdout,
+            stderr,
+            stdout_truncated: report.stdout_truncated || stdout_cut,
+            stderr_truncated: report.stderr_truncated || stderr_cut,
+            timed_out: error.as_ref().is_some_and(|e| e.kind == ErrorKind::Timeout),
+            error,
+            tool_calls: broker.executed(),
+            fuel_consumed: report.fuel_consumed,
+            duration: started.elapsed(),
+            backend: name.to_owned(),
+        }
+    }
+}
+
+/// The worker's report of the guest's output is untrusted: text over the cap (plus room for
+/// the cut marker) is cut again here.
+fn recap(text: String, cap: u64) -> (String, bool) {
+    const MARKER_ROOM: u64 = 64;
+    if (text.len() as u64) <= cap.saturating_add(MARKER_ROOM) {
+        return (text, false);
+    }
+    let pipe = CapturePipe::new(cap);
+    pipe.push(text.as_bytes());
+    let c = pipe.captured();
+    (c.text, true)
+}
+
+/// The layered command line. Pure.
+pub fn render_layered(
+    layout: &HostLayout,
+    worker: &Path,
+    cache_dir: &Path,
+    limits: &Limits,
+    run_dir: &Path,
+    processes: Option<u64>,
+) -> Vec<OsString> {
+    let spec = BwrapSpec {
+        layout: layout.clone(),
+        run_dir: Some(run_dir.to_owned()),
+        extra_ro_binds: vec![
+            (worker.to_owned(), WORKER_PATH.into()),
+            (cache_dir.to_owned(), CACHE_MOUNT.into()),
+        ],
+        tmp_bytes: 16 << 20,
+        env: guest_env(),
+        program: vec![
+            WORKER_PATH.into(),
+            "worker".into(),
+            "--cache-dir".into(),
+            CACHE_MOUNT.into(),
+        ],
+    };
+    let mut rlimits = Rlimits::for_limits(limits, processes);
+    // The engine reserves address space for guard regions far beyond what it touches; its
+    // memory is capped by the engine's limiter and the cgroup instead.
+    rlimits.address_space = None;
+    rlimits.file_size = 16 << 20;
+    rlimits.wrap(render_bwrap(&spec))
+}
+
+impl Backend for LayeredBackend {
+    fn name(&self) -> &'static str {
+        "wasm+bubblewrap"
+    }
+
+    fn provides_isolation(&self) -> bool {
+        true
+    }
+
+    fn availability(&self) -> Availability {
+        if let Err(e) = &self.host {
+            return Availability::Unavailable(format!("the wasm engine cannot start: {e}"));
+        }
+        if !self.worker.is_absolute() || !self.worker.is_file() {
+            return Availability::Unavailable(format!(
+                "worker executable missing: {}",
+                self.worker.display()
+            ));
+        }
+        if !self.cache_dir.is_absolute() {
+            return Availability::Unavailable(
+                "the artifact cache directory must be absolute".into(),
+            );
+        }
+        let python = Path::new(super::native::DEFAULT_INTERPRETER);
+        if let Err(why) = bubblewrap::check_binaries(python, &self.layout) {
+            return Availability::Unavailable(why);
+        }
+        match bubblewrap::probe_namespaces(python, &self.layout) {
+            Ok(()) => Availability::Available,
+            Err(why) => Availability::Unavailable(why),
+        }
+    }
+
+    fn run(&self, job: Job, broker: Arc<Broker>) -> RunFuture<'_> {
+        Box::pin(self.run_job(job, broker))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worker_runs_in_bubblewrap_with_read_only_binds() {
+        let argv: Vec<_> = render_layered(
+            &HostLayout::merged_usr(),
+            Path::new("/opt/bin/pycage"),
+            Path::new("/home/ada/.cache/pycage"),
+            &Limits::default(),
+            Path::new("/tmp/pycage-abc"),
+            Some(80),
+        )
+        .into_iter()
+        .map(|a| a.into_string().unwrap())
+        .collect();
+        assert_eq!(argv[0], super::super::rlimits::PRLIMIT);
+        assert!(
+            !argv.iter().any(|a| a.starts_with("--as=")),
+            "no address-space cap"
+        );
+        assert!(argv.iter().any(|a| a == "--nproc=80"));
+        assert!(argv.iter().any(|a| a == bubblewrap::BWRAP));
+        assert!(argv.iter().any(|a| a == "--unshare-all"));
+        let ro: Vec<_> = argv
+            .windows(3)
+            .filter(|w| w[0] == "--ro-bind")
+            .map(|w| (w[1].as_str(), w[2].as_str()))
+            .collect();
+        assert_eq!(
+            ro,
+            [
+                ("/usr", "/usr"),
+                ("/tmp/pycage-abc", "/run/pycage"),
+                ("/opt/bin/pycage", WORKER_PATH),
+                ("/home/ada/.cache/pycage", CACHE_MOUNT),
+            ]
+        );
+        assert_eq!(
+            &argv[argv.len() - 4..],
+            [WORKER_PATH, "worker", "--cache-dir", CACHE_MOUNT]
+        );
+    }
+
+    #[test]
+    fn reported_output_over_the_cap_is_cut_again() {
+        let (text, cut) = recap("x".repeat(10_000), 100);
+        assert!(cut);
+        assert_eq!(text.matches('x').count(), 100);
+        let (text, cut) = recap("short".into(), 100);
+        assert!(!cut);
+        assert_eq!(text, "short");
+    }
+}

@@ -1,0 +1,254 @@
+//! One run of a native CPython guest in an OS sandbox, shared by the bubblewrap, Docker,
+//! Seatbelt and local backends: a private run directory with the guest's Python files and the
+//! broker's socket, the sandbox's command line, the process tree's containment, and the one
+//! classifier.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use serde_json::{Value, json};
+
+use super::cgroup::{self, RunCgroup};
+use super::classify::{self, Evidence, Exit, Reporter};
+use super::docker;
+use super::guest_files;
+use super::rlimits::MAX_PROCESSES;
+use super::run_dir::{RunDir, SOCKET_NAME};
+use super::server::SocketServer;
+use super::spawn::{self, Container, Containment, Ended, SpawnSpec};
+use super::token::random_hex;
+use crate::backend::Job;
+use crate::broker::Broker;
+use crate::policy::Binding;
+use crate::{ErrorKind, RunError, RunResult};
+
+/// Where the run directory appears inside a sandbox that mounts it.
+pub const GUEST_MOUNT: &str = "/run/pycage";
+
+/// The default native interpreter: the system's Python 3, at its absolute path.
+pub const DEFAULT_INTERPRETER: &str = "/usr/bin/python3";
+
+/// The interpreter's flags: isolated mode (no environment variables, no user site, no
+/// script directory on the path) and no bytecode files.
+pub const INTERPRETER_FLAGS: &[&str] = &["-I", "-B"];
+
+/// The guest's whole environment (plus `HOME`, set per sandbox).
+pub const GUEST_ENV: &[(&str, &str)] = &[("PATH", "/usr/bin:/bin"), ("LC_ALL", "C.UTF-8")];
+
+/// What one run looks like to the sandbox that renders its command.
+#[derive(Debug)]
+pub(crate) struct NativeRun<'a> {
+    pub limits: &'a crate::Limits,
+    /// The run directory's host path.
+    pub host_dir: &'a Path,
+    /// A short, non-secret tag for names (container, cgroup).
+    pub tag: &'a str,
+}
+
+/// A sandbox's command for one run.
+#[derive(Debug)]
+pub(crate) struct SandboxCommand {
+    pub argv: Vec<OsString>,
+    /// The environment of the command itself (the sandbox sets the guest's).
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    /// The run's container, for Docker.
+    pub container: Option<Container>,
+}
+
+/// What a sandbox contributes to a native run.
+pub(crate) trait NativeSandbox: Send + Sync {
+    /// The backend's name.
+    fn name(&self) -> &'static str;
+    /// Where the run directory is, as the guest sees it.
+    fn guest_dir(&self, host_dir: &Path) -> PathBuf;
+    /// The command line for one run.
+    fn command(&self, run: &NativeRun<'_>) -> Result<SandboxCommand, String>;
+    /// True when the run's processes go into a cgroup (when the host has them).
+    fn uses_cgroup(&self) -> bool;
+}
+
+/// The refusal of a fuel budget by a backend that cannot meter it.
+pub(crate) fn fuel_refused(backend: &str) -> RunError {
+    RunError::new(
+        ErrorKind::InvalidInput,
+        format!(
+            "a fuel budget is a wasm-only limit; the `{backend}` backend cannot meter fuel (use the wall-clock limit)"
+        ),
+    )
+}
+
+/// A backend failure with a fixed message; the detail goes to the log only (it may hold host
+/// paths).
+pub(crate) fn backend_failure(message: &str, detail: impl std::fmt::Display) -> RunError {
+    tracing::error!(detail = %detail, "pycage: {message}");
+    RunError::new(ErrorKind::BackendError, message)
+}
+
+/// The request the guest's runner reads (as in the WIT contract).
+pub(crate) fn request_json(job: &Job) -> String {
+    json!({
+        "vars": Value::Object(job.vars.clone()),
+        "tools": bindings_for(&job.tools),
+        "max_value_bytes": job.limits.max_value_bytes(),
+    })
+    .to_string()
+}
+
+/// The async functions the guest defines, as `[binding, qualified, description]`.
+fn bindings_for(tools: &[Binding]) -> Vec<[&str; 3]> {
+    tools
+        .iter()
+        .filter_map(|b| Some([b.binding.as_deref()?, &b.qualified, &b.description]))
+        .collect()
+}
+
+/// Runs a job's native guest in `sandbox`.
+pub(crate) async fn run(sandbox: &dyn NativeSandbox, job: Job, broker: Arc<Broker>) -> RunResult {
+    let started = Instant::now();
+    let started_at = SystemTime::now();
+    let name = sandbox.name();
+    let fail = |error| RunResult::failed(name, error, started.elapsed());
+    if job.limits.fuel().is_some() {
+        return fail(fuel_refused(name));
+    }
+    let limits = job.limits.clone();
+    let dir = match RunDir::create() {
+        Ok(dir) => dir,
+        Err(e) => return fail(backend_failure("the run directory could not be created", e)),
+    };
+    for (file, text) in guest_files::ALL {
+        if let Err(e) = dir.write_file(file, text.as_bytes()) {
+            return fail(backend_failure("the guest's files could not be written", e));
+        }
+    }
+    let host_dir = dir.path().to_owned();
+    let guest_socket = sandbox.guest_dir(&host_dir).join(SOCKET_NAME);
+    let Some(guest_socket) = guest_socket.to_str().map(str::to_owned) else {
+        return fail(backend_failure(
+            "the run directory's path is not text",
+            host_dir.display(),
+        ));
+    };
+    let server = match SocketServer::start(dir, broker.clone(), &limits) {
+        Ok(server) => server,
+        Err(e) => {
+            return fail(backend_failure(
+                "the broker's socket could not be opened",
+                e,
+            ));
+        }
+    };
+    // Names (container, cgroup) are visible to other users: a tag of their own, not the token.
+    let tag = match random_hex(4) {
+        Ok(r) => format!("{r}-{}", std::process::id()),
+        Err(e) => return fail(backend_failure("no randomness for the run's name", e)),
+    };
+    let cgroup = if sandbox.uses_cgroup() {
+        match cgroup::support() {
+            Ok(support) => {
+                match RunCgroup::create(
+                    support,
+                    &format!("run-{tag}"),
+                    MAX_PROCESSES,
+                    limits.memory_bytes(),
+                ) {
+                    Ok(cg) => Some(cg),
+                    Err(e) => {
+                        return fail(backend_failure("the run's cgroup could not be created", e));
+                    }
+                }
+            }
+            Err(_) => None,
+        }
+    } else {
+        None
+    };
+    let run = NativeRun {
+        limits: &limits,
+        host_dir: &host_dir,
+        tag: &tag,
+    };
+    let command = match sandbox.command(&run) {
+        Ok(c) => c,
+        Err(e) => {
+            return fail(backend_failure(
+                "the sandbox's command could not be built",
+                e,
+            ));
+        }
+    };
+    let argv = match &cgroup {
+        Some(cg) => cgroup::wrap(cg.procs_files(), command.argv),
+        None => command.argv,
+    };
+    let header = json!({
+        "socket": guest_socket,
+        "token": server.token().as_str(),
+        "request_json": request_json(&job),
+        "max_args_bytes": limits.max_tool_args_bytes(),
+    });
+    let mut stdin = header.to_string().into_bytes();
+    stdin.push(b'\n');
+    stdin.extend_from_slice(job.code.as_bytes());
+    let spec = SpawnSpec {
+        argv,
+        env: command.env,
+        cwd: command.cwd,
+        stdin,
+        output_cap: limits.max_output_bytes(),
+        deadline: started + limits.wall_timeout(),
+    };
+    let contain = Containment {
+        cgroup: cgroup.as_ref(),
+        container: command.container.as_ref(),
+    };
+    let spawned = spawn::run(spec, contain).await;
+    let mut evidence = Evidence {
+        oom_killed: cgroup.as_ref().is_some_and(RunCgroup::oom_killed),
+    };
+    if let Some(cg) = cgroup {
+        cg.finish().await;
+    }
+    let outcome = server.take_outcome();
+    drop(server);
+    let spawned = match spawned {
+        Ok(s) => s,
+        Err(e) => return fail(backend_failure("the sandbox could not be started", e)),
+    };
+    let exit = match spawned.ended {
+        Ended::TimedOut => Exit::TimedOut,
+        Ended::Exited(status) => classify::exit_of(status, command.container.is_some()),
+    };
+    // A container killed by SIGKILL: the engine's memory cap, if Docker says so.
+    if let (Some(container), Exit::Signal(9)) = (&command.container, exit) {
+        evidence.oom_killed |= docker::oom_event(container, started_at).await;
+    }
+    let value = classify::classify(
+        outcome,
+        exit,
+        evidence,
+        Reporter::Guest,
+        limits.max_value_bytes(),
+    );
+    let (ok, value, error) = match value {
+        Ok(v) => (true, v, None),
+        Err(e) => (false, Value::Null, Some(e)),
+    };
+    RunResult {
+        ok,
+        value,
+        stdout: spawned.stdout.text,
+        stderr: spawned.stderr.text,
+        stdout_truncated: spawned.stdout.truncated,
+        stderr_truncated: spawned.stderr.truncated,
+        timed_out: error.as_ref().is_some_and(|e| e.kind == ErrorKind::Timeout),
+        error,
+        tool_calls: broker.executed(),
+        fuel_consumed: None,
+        duration: started.elapsed(),
+        backend: name.to_owned(),
+    }
+}

@@ -1,0 +1,92 @@
+//! `pycage backends`, and the backends `--backend` names.
+
+use std::sync::Arc;
+
+use pycage::os::BACKEND_NAMES;
+use pycage::{
+    Availability, Backend, BubblewrapBackend, DockerBackend, LayeredBackend, LocalBackend,
+    SeatbeltBackend, WasmBackend, WindowsBackend,
+};
+use serde_json::json;
+
+use crate::cli::BackendsArgs;
+use crate::exit::Exit;
+
+/// The backend called `name`, and the wasm backend when it is that one (for the first-run
+/// notice).
+pub fn by_name(name: &str) -> Result<(Arc<dyn Backend>, Option<WasmBackend>), String> {
+    Ok(match name {
+        "wasm" => {
+            // One run needs one instance: reserve pooling slots for a few, not for a thousand.
+            let wasm = WasmBackend::builder().max_instances(2).build()?;
+            (Arc::new(wasm.clone()), Some(wasm))
+        }
+        "bubblewrap" => (Arc::new(BubblewrapBackend::new()), None),
+        "docker" => (Arc::new(DockerBackend::new()), None),
+        "seatbelt" => (Arc::new(SeatbeltBackend::new()), None),
+        "windows" => (Arc::new(WindowsBackend::new()), None),
+        "local" => (Arc::new(LocalBackend::new()), None),
+        "wasm+bubblewrap" => (Arc::new(layered()?), None),
+        other => {
+            return Err(format!(
+                "unknown backend `{other}` (one of: {})",
+                BACKEND_NAMES.join(", ")
+            ));
+        }
+    })
+}
+
+/// The layered backend with this executable as its worker.
+fn layered() -> Result<LayeredBackend, String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("wasm+bubblewrap: cannot find the pycage executable: {e}"))?;
+    let cache = pycage::wasm::default_cache_dir().ok_or(
+        "wasm+bubblewrap needs the artifact cache (PYCAGE_CACHE_DIR is `off` or no home directory is set)",
+    )?;
+    Ok(LayeredBackend::new(exe, cache))
+}
+
+pub fn list(args: BackendsArgs) -> Exit {
+    let rows: Vec<_> = BACKEND_NAMES
+        .iter()
+        .map(|name| {
+            let (isolation, availability) = match by_name(name) {
+                Ok((backend, _)) => (backend.provides_isolation(), backend.availability()),
+                Err(e) => (true, Availability::Unavailable(e)),
+            };
+            (*name, isolation, availability)
+        })
+        .collect();
+    let containment = pycage::os::bubblewrap::containment_note();
+    if args.json {
+        let table: Vec<_> = rows
+            .iter()
+            .map(|(name, isolation, availability)| {
+                let reason = match availability {
+                    Availability::Available => None,
+                    Availability::Unavailable(why) => Some(why.as_str()),
+                };
+                json!({
+                    "name": name,
+                    "isolation": isolation,
+                    "available": availability.is_available(),
+                    "reason": reason,
+                })
+            })
+            .collect();
+        println!("{}", json!(table));
+        return Exit::Ok;
+    }
+    println!("{:<16} {:<10} AVAILABILITY", "BACKEND", "ISOLATION");
+    for (name, isolation, availability) in &rows {
+        let isolation = if *isolation { "yes" } else { "NONE" };
+        let note = match (*name, availability) {
+            ("local", Availability::Available) => " (only with --allow-no-isolation)",
+            _ => "",
+        };
+        println!("{name:<16} {isolation:<10} {availability}{note}");
+    }
+    println!();
+    println!("process trees of native runs: {containment}");
+    Exit::Ok
+}

@@ -1,0 +1,107 @@
+//! Helpers for the tests that run over every backend available here.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use pycage::{
+    Availability, Backend, BubblewrapBackend, DockerBackend, LayeredBackend, Limits, LocalBackend,
+    Runner, ToolPolicy, WasmBackend,
+};
+use pycage_tools::ToolRegistry;
+
+/// Set (to anything but empty or `0`) to make an unavailable backend a failure, not a skip.
+pub const ENV_REQUIRE: &str = "PYCAGE_REQUIRE_BACKENDS";
+
+/// CI systems set this.
+pub const ENV_CI: &str = "CI";
+
+/// One backend under test.
+#[derive(Clone)]
+pub struct Subject {
+    pub name: &'static str,
+    pub backend: Arc<dyn Backend>,
+}
+
+impl Subject {
+    /// True when the backend puts a boundary around the guest (`local` does not).
+    pub fn isolates(&self) -> bool {
+        self.backend.provides_isolation()
+    }
+
+    /// True when the guest is native CPython in an OS sandbox.
+    pub fn native(&self) -> bool {
+        !matches!(self.name, "wasm" | "wasm+bubblewrap")
+    }
+
+    /// How late a wall-clock timeout may return: the limit plus one second for the wasm
+    /// backend, plus two for backends that start processes (Docker starts a container).
+    pub fn timeout_margin(&self) -> Duration {
+        if self.name == "wasm" {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(2)
+        }
+    }
+
+    /// A runner over `tools` with `policy` and `limits`.
+    pub fn runner(&self, tools: ToolRegistry, policy: ToolPolicy, limits: Limits) -> Runner {
+        Runner::builder()
+            .backend(self.backend.clone())
+            .tools(tools)
+            .policy(policy)
+            .limits(limits)
+            .allow_no_isolation(!self.isolates())
+            .build()
+            .expect("runner builds")
+    }
+}
+
+/// True when an unavailable backend must fail the test run.
+pub fn required() -> bool {
+    [ENV_REQUIRE, ENV_CI].iter().any(|k| {
+        std::env::var(k)
+            .map(|v| !v.is_empty() && v != "0" && v != "false")
+            .unwrap_or(false)
+    })
+}
+
+/// The pycage CLI, which is also the layered backend's worker.
+pub fn pycage_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_pycage"))
+}
+
+fn layered() -> LayeredBackend {
+    static LAYERED: OnceLock<LayeredBackend> = OnceLock::new();
+    LAYERED
+        .get_or_init(|| {
+            let cache = pycage::wasm::default_cache_dir().expect("an artifact cache directory");
+            LayeredBackend::new(pycage_exe(), cache)
+        })
+        .clone()
+}
+
+/// The backend `name`, or `None` (with the reason printed) when it cannot run here. In CI
+/// (see [`required`]) an unavailable backend panics instead.
+pub fn subject(name: &'static str) -> Option<Subject> {
+    let backend: Arc<dyn Backend> = match name {
+        "wasm" => Arc::new(WasmBackend::shared().expect("the wasm engine starts")),
+        "bubblewrap" => Arc::new(BubblewrapBackend::new()),
+        "docker" => Arc::new(DockerBackend::new()),
+        "local" => Arc::new(LocalBackend::new()),
+        "wasm+bubblewrap" => Arc::new(layered()),
+        other => panic!("no backend {other}"),
+    };
+    match backend.availability() {
+        Availability::Available => Some(Subject { name, backend }),
+        Availability::Unavailable(why) => {
+            assert!(
+                !required(),
+                "backend `{name}` is unavailable but required ({ENV_REQUIRE} or {ENV_CI} is set): {why}"
+            );
+            eprintln!("skipping: backend `{name}` is unavailable here: {why}");
+            None
+        }
+    }
+}
