@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use pycage_tools::ToolRegistry;
 use serde_json::json;
 
+use crate::os::Token;
+use crate::os::protocol::{self, Request};
 use crate::{Broker, CallError, Limits, ToolPolicy};
 
 const CEILING: u32 = 3;
@@ -84,4 +86,83 @@ pub async fn broker_calls(data: &[u8]) {
         0,
         "the hidden tool ran"
     );
+}
+
+/// The token the frame fuzz target plants wherever its input says `@T@`, so inputs reach past
+/// the token check.
+const FUZZ_TOKEN: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+/// Feeds a hostile peer's bytes to the socket protocol's decoders and panics if a promise
+/// breaks.
+///
+/// `data` is a 4-byte length prefix, a 4-byte cap, then a frame body in which `@T@` becomes the
+/// run's token. Checked: the length check never lets a frame over the cap through; decoding
+/// never panics; without the token nothing decodes; a decoded call's arguments are a JSON
+/// object and its name is what the guest sent; every error message stays short; and a call
+/// the host encodes decodes back to itself.
+pub fn socket_frames(data: &[u8]) {
+    let Some((header, rest)) = data.split_first_chunk::<4>() else {
+        return;
+    };
+    let Some((cap, body)) = rest.split_first_chunk::<4>() else {
+        return;
+    };
+    let cap = u64::from(u32::from_be_bytes(*cap));
+    if let Ok(len) = protocol::check_frame_len(*header, cap) {
+        assert!(len as u64 <= cap, "a frame over the cap passed");
+    }
+
+    let token = Token::known(FUZZ_TOKEN);
+    let body = replace(body, b"@T@", FUZZ_TOKEN.as_bytes());
+    match protocol::decode_request(&body, &token) {
+        Ok(Request::Call(call)) => {
+            assert!(
+                contains(&body, FUZZ_TOKEN.as_bytes()),
+                "decoded without the token"
+            );
+            let args: serde_json::Value =
+                serde_json::from_str(&call.arguments).expect("arguments re-encode as JSON");
+            assert!(args.is_object(), "arguments are an object");
+            let again = protocol::encode_call(
+                FUZZ_TOKEN,
+                call.id,
+                &call.name,
+                call.namespace.as_deref(),
+                args.as_object().expect("an object"),
+            );
+            match protocol::decode_request(&again, &token) {
+                Ok(Request::Call(back)) => assert_eq!(back, call, "a call does not round-trip"),
+                other => panic!("a re-encoded call does not decode: {other:?}"),
+            }
+        }
+        Ok(Request::Result { .. }) => {
+            assert!(
+                contains(&body, FUZZ_TOKEN.as_bytes()),
+                "decoded without the token"
+            );
+        }
+        Err(e) => {
+            let text = format!("{:?}", e.response());
+            assert!(text.len() < 1024, "a long protocol error: {text}");
+        }
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn replace(data: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len());
+    let mut i = 0;
+    while i < data.len() {
+        if data[i..].starts_with(from) {
+            out.extend_from_slice(to);
+            i += from.len();
+        } else {
+            out.push(data[i]);
+            i += 1;
+        }
+    }
+    out
 }

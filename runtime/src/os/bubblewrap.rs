@@ -191,6 +191,10 @@ impl NativeSandbox for BubblewrapBackend {
         "bubblewrap"
     }
 
+    fn preflight(&self) -> Result<(), String> {
+        check_binaries(&self.interpreter, &self.layout)
+    }
+
     fn guest_dir(&self, _host_dir: &Path) -> PathBuf {
         PathBuf::from(GUEST_MOUNT)
     }

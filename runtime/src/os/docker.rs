@@ -187,6 +187,21 @@ impl NativeSandbox for DockerBackend {
         "docker"
     }
 
+    /// The file checks only: asking the daemon would cost a round trip per run, and a daemon
+    /// or image problem already fails `docker run` itself as a sandbox failure.
+    fn preflight(&self) -> Result<(), String> {
+        if !Path::new(DOCKER).is_file() {
+            return Err(format!("binary missing: {DOCKER}"));
+        }
+        if !self.interpreter.exists() || !Path::new(PRLIMIT).is_file() {
+            return Err(format!(
+                "interpreter or prlimit missing: {} {PRLIMIT}",
+                self.interpreter.display()
+            ));
+        }
+        Ok(())
+    }
+
     fn guest_dir(&self, _host_dir: &Path) -> PathBuf {
         PathBuf::from(GUEST_MOUNT)
     }

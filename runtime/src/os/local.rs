@@ -82,6 +82,13 @@ impl NativeSandbox for LocalBackend {
         "local"
     }
 
+    fn preflight(&self) -> Result<(), String> {
+        match Backend::availability(self) {
+            Availability::Available => Ok(()),
+            Availability::Unavailable(why) => Err(why),
+        }
+    }
+
     fn guest_dir(&self, host_dir: &Path) -> PathBuf {
         host_dir.to_owned()
     }

@@ -62,6 +62,10 @@ pub(crate) struct SandboxCommand {
 pub(crate) trait NativeSandbox: Send + Sync {
     /// The backend's name.
     fn name(&self) -> &'static str;
+    /// The cheap local checks of `availability` (binaries and interpreter present, right OS),
+    /// made before every run: a sandbox that cannot start fails as `backend_error`, not as a
+    /// guest that exited.
+    fn preflight(&self) -> Result<(), String>;
     /// Where the run directory is, as the guest sees it.
     fn guest_dir(&self, host_dir: &Path) -> PathBuf;
     /// The command line for one run.
@@ -113,6 +117,9 @@ pub(crate) async fn run(sandbox: &dyn NativeSandbox, job: Job, broker: Arc<Broke
     let fail = |error| RunResult::failed(name, error, started.elapsed());
     if job.limits.fuel().is_some() {
         return fail(fuel_refused(name));
+    }
+    if let Err(why) = sandbox.preflight() {
+        return fail(backend_failure("the sandbox cannot run here", why));
     }
     let limits = job.limits.clone();
     let dir = match RunDir::create() {

@@ -298,3 +298,14 @@ fn deeply_nested_arguments_are_refused_without_a_crash() {
     );
     assert_bad(decode_request(nested.as_bytes(), &t), "not valid JSON");
 }
+
+#[test]
+fn fuzz_regressions_replay() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions/frame");
+    let mut replayed = 0;
+    for entry in std::fs::read_dir(&dir).expect("the regression corpus exists") {
+        crate::fuzzing::socket_frames(&std::fs::read(entry.unwrap().path()).unwrap());
+        replayed += 1;
+    }
+    assert!(replayed > 0, "no regression inputs in {}", dir.display());
+}

@@ -193,6 +193,13 @@ impl NativeSandbox for SeatbeltBackend {
         "seatbelt"
     }
 
+    fn preflight(&self) -> Result<(), String> {
+        match Backend::availability(self) {
+            Availability::Available => Ok(()),
+            Availability::Unavailable(why) => Err(why),
+        }
+    }
+
     fn guest_dir(&self, host_dir: &Path) -> PathBuf {
         host_dir.to_owned()
     }
@@ -249,19 +256,7 @@ impl Backend for SeatbeltBackend {
     }
 
     fn run(&self, job: Job, broker: Arc<Broker>) -> RunFuture<'_> {
-        Box::pin(async move {
-            if let Availability::Unavailable(why) = self.availability() {
-                return crate::RunResult::failed(
-                    "seatbelt",
-                    crate::RunError::new(
-                        crate::ErrorKind::BackendError,
-                        format!("seatbelt is unavailable: {why}"),
-                    ),
-                    std::time::Duration::ZERO,
-                );
-            }
-            native::run(self, job, broker).await
-        })
+        Box::pin(native::run(self, job, broker))
     }
 }
 
