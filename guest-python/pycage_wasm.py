@@ -51,29 +51,42 @@ pycage_runner.install_event_loop()
 def _reseed_random_lazily():
     """Makes the ``random`` module reseed from the host on first use in each instance.
 
-    The snapshot holds one PRNG state, the same in every instance. Reseeding costs tens of
-    microseconds, so it happens only when a run touches ``random``'s module-level functions:
-    they are removed from the module, and the module's ``__getattr__`` reseeds the shared
-    ``Random`` instance from ``os.urandom`` (the host's entropy) and puts them back. New
+    The snapshot holds one PRNG state, the same in every instance. componentize-py calls the
+    ``random.seed`` it looked up at build time once per instance, before the first run;
+    reseeding costs 25-45 µs, so here that call only arms a lazy reseed: the module-level
+    functions bound to the shared ``Random`` are removed, and the module's ``__getattr__``
+    reseeds it from ``os.urandom`` (the host's entropy) on first use and puts them back.
+    ``random.seed(x)`` with a seed seeds at once, as it always does. New
     ``random.Random()`` instances seed themselves from ``os.urandom`` anyway.
     """
     inst = random._inst
     names = [
         n for n in dir(random) if getattr(getattr(random, n), "__self__", None) is inst
     ]
-    for n in names:
-        delattr(random, n)
+
+    def restore():
+        random.__dict__.pop("__getattr__", None)
+        for n in names:
+            setattr(random, n, getattr(inst, n))
 
     def __getattr__(name):
         if name in names:
             inst.seed(os.urandom(32))
-            for n in names:
-                setattr(random, n, getattr(inst, n))
-            del random.__getattr__
+            restore()
             return getattr(random, name)
         raise AttributeError(f"module 'random' has no attribute {name!r}")
 
+    def seed(a=None, version=2):
+        if a is None and "__getattr__" in random.__dict__:
+            return  # already armed: the first use reseeds from the host
+        restore()
+        inst.seed(a, version)
+
+    seed.__doc__ = inst.seed.__doc__
+    for n in names:
+        delattr(random, n)
     random.__getattr__ = __getattr__
+    random.seed = seed
 
 
 _reseed_random_lazily()

@@ -84,3 +84,56 @@ async fn a_denied_capability_works_at_full_instance_capacity() {
         .await;
     assert_eq!(r.value, json!("denied"), "{r:#?}");
 }
+
+/// Without fuel metering the pool primes its instances (runs the constant code `pass`
+/// once). A run in a primed instance must look exactly like one in a fresh instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primed_instances_look_fresh_to_the_code() {
+    let pooled = WasmBackend::builder()
+        .meter_fuel(false)
+        .warm_pool(1)
+        .build()
+        .unwrap();
+    pooled.prepare().await.unwrap();
+    let fresh = WasmBackend::builder().meter_fuel(false).build().unwrap();
+    let cases = [
+        SEED,
+        "print('hi')\nimport sys\nprint('err', file=sys.stderr)\nreturn __name__",
+        "x = 1\n\ndef f():\n    return 1 / 0\n\nf()",
+        "return sorted(k for k in globals() if k != '__builtins__')",
+        "import linecache\nreturn [k for k in linecache.cache if 'sandbox' in k or 'pycage' in k]",
+        "def f(:\n    pass",
+        "import os, sys\nreturn [sys.argv, dict(os.environ)]",
+    ];
+    for code in cases {
+        wait_for(&pooled, 1).await;
+        let a = runner(&pooled).run(code).await;
+        let b = runner(&fresh).run(code).await;
+        assert_eq!(
+            (&a.value, &a.stdout, &a.stderr, &a.error),
+            (&b.value, &b.stdout, &b.stderr, &b.error),
+            "{code}"
+        );
+    }
+    // Each primed instance draws its own random state.
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..3 {
+        wait_for(&pooled, 1).await;
+        let r = runner(&pooled)
+            .run("import random\nreturn random.random()")
+            .await;
+        assert!(seen.insert(r.value.to_string()), "{r:#?}");
+    }
+}
+
+/// A used instance's slot is freed on a background thread; a backend with a single slot
+/// still runs one run after another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_back_runs_fit_in_one_slot() {
+    let one = WasmBackend::builder().max_instances(1).build().unwrap();
+    let r = runner(&one);
+    for i in 0..20 {
+        let v = r.run(&format!("return {i}")).await;
+        assert_eq!(v.value, json!(i), "{v:#?}");
+    }
+}

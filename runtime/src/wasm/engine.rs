@@ -43,6 +43,10 @@ pub(crate) fn config(meter_fuel: bool) -> Config {
         .max_wasm_stack(MAX_WASM_STACK)
         .async_stack_size(ASYNC_STACK)
         .wasm_backtrace_details(WasmBacktraceDetails::Disable);
+    // For profiling: `PYCAGE_PERFMAP=1 perf record ...` names the guest's functions.
+    if std::env::var_os("PYCAGE_PERFMAP").is_some() {
+        config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+    }
     config
 }
 

@@ -4,6 +4,10 @@
 //! Instances are never reused: a run takes a never-used instance out of the pool and drops it
 //! afterwards, and a background task instantiates a replacement. The pool only moves the
 //! instantiation cost off the run's critical path; it does not change what a run can see.
+//!
+//! Unless the backend meters fuel, the filler also primes each instance (see
+//! [`Fresh::prime`]): it runs the constant code `pass` once, so the copy-on-write page
+//! faults a run would take on its first writes happen in the background too.
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -60,7 +64,7 @@ async fn fill(backend: Weak<Inner>) {
         let Some(pool) = b.pool.as_ref() else { return };
         let wake = pool.wake.clone();
         while pool.ready() < pool.target {
-            match b.instantiate().await {
+            match b.instantiate_primed().await {
                 Ok(fresh) => lock(&pool.ready).push(fresh),
                 Err(e) => {
                     tracing::error!(error = %e, "pycage: the warm pool could not instantiate a guest");
