@@ -367,15 +367,30 @@ def _make_tool_function(call, binding, qualified, description):
     return tool
 
 
-# One encoder and one decoder for every call: `json.dumps` with options builds a new encoder
-# (Python code) each time, which showed up as a third of a tool call's cost.
+# One encoder and one decoder for every call. `JSONEncoder.encode` builds a new C encoder (nine
+# arguments parsed) and two closures on every call: 7 µs of a 17 µs tool call in the wasm
+# guest, where calling one C encoder built once takes 2.8 µs. This one keeps no `markers`
+# (a dict shared between calls, which a call that fails part-way would leave stale), so a
+# circular structure ends in RecursionError rather than ValueError; callers take both.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_C_ENCODER = (
+    json.encoder.c_make_encoder(
+        None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+    if json.encoder.c_make_encoder is not None
+    else None
+)
 _SCAN = json.JSONDecoder().scan_once
 
 
 def to_json_text(value):
     """Compact JSON text that is valid UTF-8: lone surrogates become U+FFFD."""
-    text = _ENCODER.encode(value)
+    if _C_ENCODER is None:
+        text = _ENCODER.encode(value)
+    elif isinstance(value, str):
+        text = json.encoder.encode_basestring(value)
+    else:
+        text = "".join(_C_ENCODER(value, 0))
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -388,6 +403,8 @@ def invoke_tool(call, name, kwargs):
     try:
         args_json = to_json_text(kwargs)
     except (TypeError, ValueError, RecursionError) as exc:
+        if isinstance(exc, RecursionError):
+            exc = "nested too deeply (or circular)"
         raise ToolError("invalid-arguments", f"arguments are not JSON: {exc}") from None
     ok, payload = call(name, args_json)
     if not ok:
