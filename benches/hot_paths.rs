@@ -4,6 +4,7 @@
 //! `pycage bench`; these track pycage against itself over time.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use pycage::{Broker, Limits, Runner, ToolPolicy, WasmBackend};
@@ -41,6 +42,34 @@ fn fresh_sandbox(c: &mut Criterion) {
     });
 }
 
+fn warm_pool(c: &mut Criterion) {
+    let rt = runtime();
+    // Unmetered, so the pool primes its instances (see `WasmBackendBuilder::warm_pool`).
+    let backend = WasmBackend::builder()
+        .meter_fuel(false)
+        .warm_pool(4)
+        .build()
+        .unwrap();
+    rt.block_on(backend.prepare()).unwrap();
+    let r = runner(backend.clone());
+    c.bench_function("warm_pool_print", |b| {
+        // Only the runs are timed, each with the pool full (as between bursts).
+        let (r, backend) = (&r, &backend);
+        b.to_async(&rt).iter_custom(move |iters| async move {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                while backend.warm_instances() < 4 {
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                }
+                let started = Instant::now();
+                assert!(r.run("print('hi')").await.ok);
+                total += started.elapsed();
+            }
+            total
+        })
+    });
+}
+
 fn tool_calls(c: &mut Criterion) {
     let rt = runtime();
     let backend = WasmBackend::builder().build().unwrap();
@@ -68,5 +97,5 @@ fn broker_only(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, fresh_sandbox, tool_calls, broker_only);
+criterion_group!(benches, fresh_sandbox, warm_pool, tool_calls, broker_only);
 criterion_main!(benches);
