@@ -391,6 +391,8 @@ def to_json_text(value):
         text = json.encoder.encode_basestring(value)
     else:
         text = "".join(_C_ENCODER(value, 0))
+    if text.isascii():  # a flag CPython keeps on every string: no scan
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
