@@ -85,13 +85,14 @@ async fn a_denied_capability_works_at_full_instance_capacity() {
     assert_eq!(r.value, json!("denied"), "{r:#?}");
 }
 
-/// Without fuel metering the pool primes its instances (runs the constant code `pass`
-/// once). A run in a primed instance must look exactly like one in a fresh instance.
+/// Without fuel metering the pool primes its instances (runs a constant snippet once). A run
+/// in a primed instance must look exactly like one in a fresh instance. With two in the pool,
+/// each run also checks the refill that waits for the run to end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn primed_instances_look_fresh_to_the_code() {
     let pooled = WasmBackend::builder()
         .meter_fuel(false)
-        .warm_pool(1)
+        .warm_pool(2)
         .build()
         .unwrap();
     pooled.prepare().await.unwrap();
@@ -106,7 +107,7 @@ async fn primed_instances_look_fresh_to_the_code() {
         "import os, sys\nreturn [sys.argv, dict(os.environ)]",
     ];
     for code in cases {
-        wait_for(&pooled, 1).await;
+        wait_for(&pooled, 2).await;
         let a = runner(&pooled).run(code).await;
         let b = runner(&fresh).run(code).await;
         assert_eq!(
@@ -118,7 +119,7 @@ async fn primed_instances_look_fresh_to_the_code() {
     // Each primed instance draws its own random state.
     let mut seen = std::collections::HashSet::new();
     for _ in 0..3 {
-        wait_for(&pooled, 1).await;
+        wait_for(&pooled, 2).await;
         let r = runner(&pooled)
             .run("import random\nreturn random.random()")
             .await;

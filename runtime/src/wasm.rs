@@ -100,7 +100,7 @@ impl WasmBackendBuilder {
     /// Keeps `n` guest instances instantiated ahead of time (default 0: none). A run takes a
     /// never-used instance, so its latency is only its execution; instances are never reused.
     /// Without fuel metering the pool also primes each instance in the background (it runs
-    /// the constant code `pass` once), which makes a short run about three times faster.
+    /// a constant snippet once), which makes a short run about three times faster.
     pub fn warm_pool(mut self, n: usize) -> Self {
         self.warm_pool = n;
         self
@@ -135,7 +135,9 @@ impl WasmBackendBuilder {
                 engine,
                 cache_dir: self.cache_dir,
                 prepared: tokio::sync::OnceCell::new(),
-                pool: (self.warm_pool > 0).then(|| WarmPool::new(self.warm_pool)),
+                pool: (self.warm_pool > 0)
+                    // Priming changes the fuel a run takes; metered pools do not prime.
+                    .then(|| WarmPool::new(self.warm_pool, !self.meter_fuel)),
                 meter_fuel: self.meter_fuel,
             }),
         })
@@ -252,7 +254,14 @@ impl WasmBackend {
                 "the wasm sandbox could not be prepared",
             ));
         }
-        let fresh = match self.inner.pool.as_ref().and_then(WarmPool::take) {
+        let (pooled, _refill) = match &self.inner.pool {
+            Some(pool) => {
+                let (fresh, refill) = pool.take();
+                (fresh, Some(refill))
+            }
+            None => (None, None),
+        };
+        let fresh = match pooled {
             Some(fresh) => fresh,
             None => match self.inner.instantiate().await {
                 Ok(fresh) => fresh,
@@ -305,10 +314,10 @@ impl Inner {
         }
     }
 
-    /// A fresh instance for the warm pool: primed, unless fuel is metered.
-    async fn instantiate_primed(&self) -> wasmtime::Result<Fresh> {
+    /// A fresh instance for the warm pool, primed if the pool primes.
+    async fn instantiate_for_pool(&self) -> wasmtime::Result<Fresh> {
         let mut fresh = self.instantiate().await?;
-        if !self.meter_fuel {
+        if self.pool.as_ref().is_some_and(WarmPool::primes) {
             fresh.prime().await?;
         }
         Ok(fresh)
