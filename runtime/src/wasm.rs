@@ -303,10 +303,11 @@ impl Inner {
             .prepared
             .get()
             .ok_or_else(|| wasmtime::format_err!("the guest is not prepared"))?;
+        let reaped = reaper::reaped();
         match Fresh::new(&self.engine, &prepared.pre, self.meter_fuel).await {
             // Used instances give their slots back on the reaper thread: when every slot is
-            // taken, some may be waiting there.
-            Err(_) if reaper::pending() => {
+            // taken, some may be waiting there, or have just come free.
+            Err(_) if reaper::pending() || reaper::reaped() != reaped => {
                 reaper::drained().await;
                 Fresh::new(&self.engine, &prepared.pre, self.meter_fuel).await
             }

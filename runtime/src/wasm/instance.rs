@@ -214,6 +214,8 @@ impl Fresh {
             stderr: state.stderr.captured(),
             fuel_consumed,
         };
+        // The broker goes back to its owner now, not when the reaper gets to the store.
+        store.data_mut().gate = None;
         super::reaper::retire(store);
         outcome
     }

@@ -21,6 +21,9 @@ const BACKLOG: usize = 64;
 /// Stores handed to the reaper and not yet dropped.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
 
+/// Stores the reaper has dropped.
+static REAPED: AtomicUsize = AtomicUsize::new(0);
+
 /// Drops `store`, on the reaper thread when it has room.
 pub(crate) fn retire(store: Store<RunState>) {
     static REAPER: OnceLock<Option<SyncSender<Store<RunState>>>> = OnceLock::new();
@@ -31,6 +34,7 @@ pub(crate) fn retire(store: Store<RunState>) {
             .spawn(move || {
                 for store in rx {
                     drop(store);
+                    REAPED.fetch_add(1, Ordering::AcqRel);
                     PENDING.fetch_sub(1, Ordering::AcqRel);
                 }
             })
@@ -51,6 +55,12 @@ pub(crate) fn retire(store: Store<RunState>) {
 /// Whether some used stores still hold their slots.
 pub(crate) fn pending() -> bool {
     PENDING.load(Ordering::Acquire) > 0
+}
+
+/// How many stores the reaper has dropped so far: a slot may have come free since a caller
+/// last read it.
+pub(crate) fn reaped() -> usize {
+    REAPED.load(Ordering::Acquire)
 }
 
 /// Waits until the reaper has dropped every store handed to it so far (or more arrive than
