@@ -144,6 +144,27 @@ async fn random_differs_between_runs() {
     );
 }
 
+/// The reseed from the host is lazy (it happens on first use); seeding by hand still behaves
+/// exactly as in CPython.
+#[tokio::test]
+async fn random_seeding_by_hand_behaves_as_in_cpython() {
+    // CPython 3.14: random.seed(42); random.random() == 0.6394267984578837.
+    let seeded = run("import random\nrandom.seed(42)\nreturn random.random()").await;
+    assert_eq!(seeded.value, json!(0.6394267984578837), "{seeded:#?}");
+    let reseeded = run(
+        "import random\nrandom.seed()\nfrom random import choice, randint\n\
+         return [choice([1, 2]) in (1, 2), 1 <= randint(1, 6) <= 6, random.random() != 0.6394267984578837]",
+    )
+    .await;
+    assert_eq!(reseeded.value, json!([true, true, true]), "{reseeded:#?}");
+    let a = run("import random\nrandom.seed()\nreturn random.random()").await;
+    let b = run("import random\nrandom.seed()\nreturn random.random()").await;
+    assert_ne!(
+        a.value, b.value,
+        "random.seed() draws from the host's entropy"
+    );
+}
+
 #[tokio::test]
 async fn values_json_cannot_hold_follow_the_documented_rule() {
     let r = run("class X:\n    def __repr__(self):\n        return 'X()'\n\
