@@ -143,6 +143,39 @@ impl fmt::Display for ErrorKind {
     }
 }
 
+/// Host-side caps on a guest's failure texts, for every backend (the guest caps them too; it
+/// is not trusted to).
+pub(crate) const MAX_MESSAGE_CHARS: usize = 2000;
+pub(crate) const MAX_TRACEBACK_CHARS: usize = 16_000;
+pub(crate) const MAX_EXCEPTION_CHARS: usize = 200;
+
+/// The guest's value JSON, checked on the host: within the cap, and valid JSON.
+pub(crate) fn decode_value(json: &str, max_bytes: u64) -> Result<Value, RunError> {
+    if json.len() as u64 > max_bytes {
+        return Err(RunError::new(
+            ErrorKind::ValueTooLarge,
+            format!(
+                "the return value is {} bytes of JSON; the limit is {max_bytes}",
+                json.len()
+            ),
+        ));
+    }
+    serde_json::from_str(json).map_err(|_| {
+        RunError::new(
+            ErrorKind::GuestException,
+            "the return value is not valid JSON",
+        )
+    })
+}
+
+/// `text` cut to `max` characters, with an ellipsis when it was longer.
+pub(crate) fn cap_chars(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_owned(),
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+    }
+}
+
 /// Durations serialize as fractional milliseconds (`"duration": 1.25`).
 mod duration_ms {
     use std::time::Duration;

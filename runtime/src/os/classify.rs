@@ -4,13 +4,10 @@
 use serde_json::Value;
 
 use super::protocol::Outcome;
+use crate::result::{
+    MAX_EXCEPTION_CHARS, MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, cap_chars, decode_value,
+};
 use crate::{ErrorKind, RunError};
-
-/// Host-side caps on the guest's failure texts (the guest caps them too; it is not trusted
-/// to).
-const MAX_MESSAGE_CHARS: usize = 2000;
-const MAX_TRACEBACK_CHARS: usize = 16_000;
-const MAX_EXCEPTION_CHARS: usize = 200;
 
 /// `SIGKILL`, `SIGXCPU` and the signals of a crash.
 const SIGKILL: i32 = 9;
@@ -149,32 +146,6 @@ fn failure_error(failure: RunError, reporter: Reporter) -> RunError {
             .traceback
             .map(|t| cap_chars(&t, MAX_TRACEBACK_CHARS)),
         exception,
-    }
-}
-
-/// The guest's value JSON, checked on the host: within the cap, and valid JSON.
-pub(crate) fn decode_value(json: &str, max_bytes: u64) -> Result<Value, RunError> {
-    if json.len() as u64 > max_bytes {
-        return Err(RunError::new(
-            ErrorKind::ValueTooLarge,
-            format!(
-                "the return value is {} bytes of JSON; the limit is {max_bytes}",
-                json.len()
-            ),
-        ));
-    }
-    serde_json::from_str(json).map_err(|_| {
-        RunError::new(
-            ErrorKind::GuestException,
-            "the return value is not valid JSON",
-        )
-    })
-}
-
-fn cap_chars(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        None => text.to_owned(),
-        Some((cut, _)) => format!("{}…", &text[..cut]),
     }
 }
 

@@ -20,6 +20,9 @@ use super::state::{GuestLimiter, MAX_RESOURCES, RunState};
 use crate::backend::Job;
 use crate::broker::ToolGate;
 use crate::capture::CapturePipe;
+use crate::result::{
+    MAX_EXCEPTION_CHARS, MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, cap_chars, decode_value,
+};
 use crate::{ErrorKind, MAX_MEMORY_BYTES, RunError};
 
 /// The most random bytes the guest may ask for in one call (a host-side buffer).
@@ -27,10 +30,6 @@ const MAX_RANDOM_BYTES: u64 = 1 << 20;
 
 /// How long instantiating may take before it counts as hung.
 const INSTANTIATE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Host-side caps on the guest's failure texts (the guest caps them too; it is not trusted to).
-const MAX_MESSAGE_CHARS: usize = 2000;
-const MAX_TRACEBACK_CHARS: usize = 16_000;
 
 /// An instantiated guest that has never run.
 pub(crate) struct Fresh {
@@ -244,7 +243,9 @@ fn bindings_for(tools: &[crate::policy::Binding]) -> Vec<[&str; 3]> {
 
 /// Maps the guest's own report of a failed run, checking it against what the host saw.
 fn failure_error(failure: Failure, state: &RunState) -> RunError {
-    let exception = failure.exception.map(|e| cap_chars(&e, 200));
+    let exception = failure
+        .exception
+        .map(|e| cap_chars(&e, MAX_EXCEPTION_CHARS));
     let kind = match failure.kind {
         FailureKind::SyntaxError => ErrorKind::SyntaxError,
         FailureKind::InvalidInput => ErrorKind::InvalidInput,
@@ -270,31 +271,5 @@ fn failure_error(failure: Failure, state: &RunState) -> RunError {
             .traceback
             .map(|t| cap_chars(&t, MAX_TRACEBACK_CHARS)),
         exception,
-    }
-}
-
-/// The guest's value JSON, checked on the host: within the cap, and valid JSON.
-fn decode_value(json: &str, max_bytes: u64) -> Result<Value, RunError> {
-    if json.len() as u64 > max_bytes {
-        return Err(RunError::new(
-            ErrorKind::ValueTooLarge,
-            format!(
-                "the return value is {} bytes of JSON; the limit is {max_bytes}",
-                json.len()
-            ),
-        ));
-    }
-    serde_json::from_str(json).map_err(|_| {
-        RunError::new(
-            ErrorKind::GuestException,
-            "the return value is not valid JSON",
-        )
-    })
-}
-
-fn cap_chars(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        None => text.to_owned(),
-        Some((cut, _)) => format!("{}…", &text[..cut]),
     }
 }
