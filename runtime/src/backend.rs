@@ -38,6 +38,14 @@ impl Availability {
     pub fn is_available(&self) -> bool {
         matches!(self, Availability::Available)
     }
+
+    /// `Ok` when available, else the reason.
+    pub fn into_result(self) -> Result<(), String> {
+        match self {
+            Availability::Available => Ok(()),
+            Availability::Unavailable(why) => Err(why),
+        }
+    }
 }
 
 impl fmt::Display for Availability {

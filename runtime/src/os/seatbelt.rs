@@ -194,10 +194,7 @@ impl NativeSandbox for SeatbeltBackend {
     }
 
     fn preflight(&self) -> Result<(), String> {
-        match Backend::availability(self) {
-            Availability::Available => Ok(()),
-            Availability::Unavailable(why) => Err(why),
-        }
+        Backend::availability(self).into_result()
     }
 
     fn guest_dir(&self, host_dir: &Path) -> PathBuf {
