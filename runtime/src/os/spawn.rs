@@ -159,13 +159,7 @@ async fn kill_tree(group: Option<i32>, contain: &Containment<'_>, ended: Ended) 
     if let Some(c) = contain.container
         && !clean_exit
     {
-        let killed = Command::new(&c.docker)
-            .args(["rm", "--force", c.name.as_str()])
-            .env_clear()
-            .envs(c.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        let killed = Command::from(remove_container(c))
             .kill_on_drop(true)
             .status();
         if tokio::time::timeout(Duration::from_secs(10), killed)
@@ -177,6 +171,18 @@ async fn kill_tree(group: Option<i32>, contain: &Containment<'_>, ended: Ended) 
     }
 }
 
+/// `docker rm --force` for the run's container, silent, in the container's environment.
+fn remove_container(c: &Container) -> std::process::Command {
+    let mut rm = std::process::Command::new(&c.docker);
+    rm.args(["rm", "--force", c.name.as_str()])
+        .env_clear()
+        .envs(c.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    rm
+}
+
 /// Removes a run's container if the run is dropped before its end (a cancelled future).
 struct ContainerGuard<'a>(Option<&'a Container>);
 
@@ -185,14 +191,7 @@ impl Drop for ContainerGuard<'_> {
         let Some(c) = self.0 else {
             return;
         };
-        let spawned = std::process::Command::new(&c.docker)
-            .args(["rm", "--force", c.name.as_str()])
-            .env_clear()
-            .envs(c.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
+        let spawned = remove_container(c).spawn();
         match spawned {
             // Reaped on a thread of its own: a destructor must not block.
             Ok(mut child) => {
