@@ -30,12 +30,11 @@ use super::bubblewrap::{self, BwrapSpec, guest_env, process_allowance, render_bw
 use super::cgroup::{self, RunCgroup};
 use super::classify::{self, Evidence, Exit, Reporter};
 use super::host_layout::HostLayout;
-use super::native::{GUEST_MOUNT, backend_failure};
-use super::rlimits::{MAX_PROCESSES, Rlimits};
+use super::native::{GUEST_MOUNT, backend_failure, run_cgroup, run_tag};
+use super::rlimits::Rlimits;
 use super::run_dir::{RunDir, SOCKET_NAME};
 use super::server::SocketServer;
 use super::spawn::{self, Containment, Ended, SpawnSpec};
-use super::token::random_hex;
 use super::worker::{WorkerRequest, worker_backend};
 use crate::backend::{Availability, Backend, Job, RunFuture};
 use crate::broker::Broker;
@@ -133,22 +132,16 @@ impl LayeredBackend {
                 ));
             }
         };
-        // Names (container, cgroup) are visible to other users: a tag of their own, not the token.
-        let tag = match random_hex(4) {
-            Ok(r) => format!("{r}-{}", std::process::id()),
-            Err(e) => return fail(backend_failure("no randomness for the run's name", e)),
+        let tag = match run_tag() {
+            Ok(tag) => tag,
+            Err(e) => return fail(e),
         };
-        let cgroup = match cgroup::support() {
-            Ok(support) => match RunCgroup::create(
-                support,
-                &format!("run-{tag}"),
-                MAX_PROCESSES,
-                limits.memory_bytes().saturating_add(WORKER_OVERHEAD_BYTES),
-            ) {
-                Ok(cg) => Some(cg),
-                Err(e) => return fail(backend_failure("the run's cgroup could not be created", e)),
-            },
-            Err(_) => None,
+        let cgroup = match run_cgroup(
+            &tag,
+            limits.memory_bytes().saturating_add(WORKER_OVERHEAD_BYTES),
+        ) {
+            Ok(cg) => cg,
+            Err(e) => return fail(e),
         };
         let request = WorkerRequest {
             socket: Path::new(GUEST_MOUNT).join(SOCKET_NAME),

@@ -84,6 +84,25 @@ pub(crate) fn fuel_refused(backend: &str) -> RunError {
     )
 }
 
+/// A run's name tag. Names (container, cgroup) are visible to other users: the tag is random
+/// and its own, never the token.
+pub(crate) fn run_tag() -> Result<String, RunError> {
+    random_hex(4)
+        .map(|r| format!("{r}-{}", std::process::id()))
+        .map_err(|e| backend_failure("no randomness for the run's name", e))
+}
+
+/// The run's cgroup, capped at [`MAX_PROCESSES`] and `memory_bytes`, where the host delegates
+/// cgroups to us; `None` where it does not (the rlimits still apply).
+pub(crate) fn run_cgroup(tag: &str, memory_bytes: u64) -> Result<Option<RunCgroup>, RunError> {
+    let Ok(support) = cgroup::support() else {
+        return Ok(None);
+    };
+    RunCgroup::create(support, &format!("run-{tag}"), MAX_PROCESSES, memory_bytes)
+        .map(Some)
+        .map_err(|e| backend_failure("the run's cgroup could not be created", e))
+}
+
 /// A backend failure with a fixed message; the detail goes to the log only (it may hold host
 /// paths).
 pub(crate) fn backend_failure(message: &str, detail: impl std::fmt::Display) -> RunError {
@@ -148,27 +167,14 @@ pub(crate) async fn run(sandbox: &dyn NativeSandbox, job: Job, broker: Arc<Broke
             ));
         }
     };
-    // Names (container, cgroup) are visible to other users: a tag of their own, not the token.
-    let tag = match random_hex(4) {
-        Ok(r) => format!("{r}-{}", std::process::id()),
-        Err(e) => return fail(backend_failure("no randomness for the run's name", e)),
+    let tag = match run_tag() {
+        Ok(tag) => tag,
+        Err(e) => return fail(e),
     };
     let cgroup = if sandbox.uses_cgroup() {
-        match cgroup::support() {
-            Ok(support) => {
-                match RunCgroup::create(
-                    support,
-                    &format!("run-{tag}"),
-                    MAX_PROCESSES,
-                    limits.memory_bytes(),
-                ) {
-                    Ok(cg) => Some(cg),
-                    Err(e) => {
-                        return fail(backend_failure("the run's cgroup could not be created", e));
-                    }
-                }
-            }
-            Err(_) => None,
+        match run_cgroup(&tag, limits.memory_bytes()) {
+            Ok(cg) => cg,
+            Err(e) => return fail(e),
         }
     } else {
         None
