@@ -183,6 +183,52 @@ async fn busy_loop_hits_the_wall_clock() {
     assert!(took < Duration::from_secs(2), "took {took:?}");
 }
 
+/// A metered engine stops a computing guest at a fuel yield, an unmetered one at an epoch
+/// check: each must hold the wall clock for a loop and for a sleep, also with every worker of
+/// the runtime busy (more guests than workers) and on a current-thread runtime.
+async fn both_engines_hold_the_wall_clock(concurrent: usize) {
+    for meter_fuel in [true, false] {
+        let backend = WasmBackend::builder()
+            .meter_fuel(meter_fuel)
+            .build()
+            .unwrap();
+        backend.prepare().await.unwrap();
+        let r = Runner::builder()
+            .backend(std::sync::Arc::new(backend))
+            .limits(wall(Duration::from_secs(1)))
+            .build()
+            .unwrap();
+        for code in ["while True:\n    pass", "import time\ntime.sleep(30)"] {
+            let started = Instant::now();
+            let mut runs = tokio::task::JoinSet::new();
+            for _ in 0..concurrent {
+                let r = r.clone();
+                runs.spawn(async move { r.run(code).await });
+            }
+            for r in runs.join_all().await {
+                assert_kind(&r, ErrorKind::Timeout);
+            }
+            let took = started.elapsed();
+            let what = format!("{code:?}, metered: {meter_fuel}, {concurrent} at once");
+            assert!(
+                took >= Duration::from_millis(990),
+                "{what}: ended early, {took:?}"
+            );
+            assert!(took < Duration::from_secs(2), "{what}: took {took:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_engines_hold_the_wall_clock_with_every_worker_busy() {
+    both_engines_hold_the_wall_clock(4).await;
+}
+
+#[tokio::test]
+async fn both_engines_hold_the_wall_clock_on_one_thread() {
+    both_engines_hold_the_wall_clock(1).await;
+}
+
 #[tokio::test]
 async fn a_loop_that_swallows_every_exception_still_times_out() {
     let code =

@@ -5,7 +5,10 @@
 //! when the run starts. Fuel is counted from that moment too, so a pooled and an unpooled run
 //! of the same code report the same fuel.
 
+use std::future::poll_fn;
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -16,6 +19,7 @@ use wasmtime_wasi::WasiCtx;
 use super::bindings::exports::pycage::sandbox::guest::{Failure, FailureKind};
 use super::bindings::{Sandbox, SandboxPre};
 use super::classify::{self, Ending, Evidence};
+use super::engine::FUEL_YIELD_INTERVAL;
 use super::state::{GuestLimiter, MAX_RESOURCES, RunState};
 use crate::backend::Job;
 use crate::broker::ToolGate;
@@ -76,17 +80,23 @@ impl Fresh {
         let mut store = Store::new(engine, state);
         store.limiter(|s| &mut s.limiter);
         if meter_fuel {
+            // No epoch checks in this engine (see `engine::config`): the guest yields every
+            // interval of fuel, and the run's async deadline ends it at a yield.
             store.set_fuel(u64::MAX)?;
+            store.fuel_async_yield_interval(Some(FUEL_YIELD_INTERVAL))?;
+        } else {
+            store.set_epoch_deadline(1);
+            store.epoch_deadline_callback(|ctx| {
+                if Instant::now() >= ctx.data().deadline {
+                    Ok(UpdateDeadline::Interrupt)
+                } else {
+                    Ok(UpdateDeadline::Yield(1))
+                }
+            });
         }
-        store.set_epoch_deadline(1);
-        store.epoch_deadline_callback(|ctx| {
-            if Instant::now() >= ctx.data().deadline {
-                Ok(UpdateDeadline::Interrupt)
-            } else {
-                Ok(UpdateDeadline::Yield(1))
-            }
-        });
-        let sandbox = pre.instantiate_async(&mut store).await?;
+        let sandbox = tokio::time::timeout(INSTANTIATE_TIMEOUT, pre.instantiate_async(&mut store))
+            .await
+            .map_err(|_| wasmtime::format_err!("instantiating the guest timed out"))??;
         Ok(Fresh {
             store,
             sandbox,
@@ -173,9 +183,11 @@ impl Fresh {
                 fuel_consumed: None,
             };
         }
-        // The deadline counts from this instance's creation, which for a pooled instance may
-        // be many ticks ago: restart it, or the run's first epoch check yields at once.
-        store.set_epoch_deadline(1);
+        if !meter_fuel {
+            // The deadline counts from this instance's creation, which for a pooled instance
+            // may be many ticks ago: restart it, or the run's first epoch check yields at once.
+            store.set_epoch_deadline(1);
+        }
         let fuel_set = if meter_fuel {
             store.set_fuel(budget)
         } else {
@@ -194,9 +206,7 @@ impl Fresh {
                 let run = sandbox
                     .pycage_sandbox_guest()
                     .call_run(&mut store, &job.code, &request);
-                // Epoch interruption stops a guest that computes; this stops one that waits
-                // in a host call (a sleep, a slow tool), where no epoch check runs.
-                tokio::time::timeout_at(deadline.into(), run).await
+                until(deadline, run).await
             }
         };
 
@@ -208,7 +218,7 @@ impl Fresh {
             fuel_budget: limits.fuel(),
         };
         let value = match outcome {
-            Err(_elapsed) => Err(RunError::new(
+            Err(DeadlinePassed) => Err(RunError::new(
                 ErrorKind::Timeout,
                 "the wall-clock limit was reached",
             )),
@@ -230,6 +240,31 @@ impl Fresh {
         super::reaper::retire(store);
         outcome
     }
+}
+
+/// The run's deadline passed before its guest returned.
+struct DeadlinePassed;
+
+/// Drives `run` until it completes or `deadline` passes.
+///
+/// A metered guest that computes yields every [`FUEL_YIELD_INTERVAL`] of fuel, which polls
+/// this future again: the clock is read at each poll, so the deadline holds to within one
+/// interval without depending on when the runtime's timer driver next runs. The timer covers
+/// a guest waiting in a host call (a sleep, a slow tool), where no check in its code runs. An
+/// unmetered guest that computes is stopped by its epoch check instead, which traps.
+async fn until<F: Future>(deadline: Instant, run: F) -> Result<F::Output, DeadlinePassed> {
+    let mut run = pin!(run);
+    let mut timer = pin!(tokio::time::sleep_until(deadline.into()));
+    poll_fn(|cx| {
+        if let Poll::Ready(out) = run.as_mut().poll(cx) {
+            return Poll::Ready(Ok(out));
+        }
+        if Instant::now() >= deadline || timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(DeadlinePassed));
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// The async functions the guest defines, as `[binding, qualified, description]`: one per

@@ -25,7 +25,7 @@ pub(crate) struct RunState {
     pub limiter: GuestLimiter,
     /// Where the run's tool calls go (its broker); `None` until a run starts.
     pub gate: Option<Arc<dyn ToolGate>>,
-    /// The wall-clock deadline, checked at every epoch tick.
+    /// The wall-clock deadline, checked at every epoch tick (in an engine without fuel).
     pub deadline: Instant,
     /// Set when the guest called a WASI capability the sandbox does not grant.
     pub denied_capability: Option<String>,
