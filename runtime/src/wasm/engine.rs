@@ -33,8 +33,8 @@ const MAX_WASM_STACK: usize = 64 << 20;
 /// a trap and the host functions it calls still have room.
 const ASYNC_STACK: usize = MAX_WASM_STACK + (2 << 20);
 
-/// How much fuel a metered guest burns between yields to the async runtime: about 1.5-3 ms
-/// of guest execution on the machines we measured (5-8 billion units a second, whether the
+/// How much fuel a metered guest burns between yields to the async runtime: about 1.3-2.8 ms
+/// of guest execution on the machine we measured (3.6-7.6 billion units a second, whether the
 /// guest computes, copies memory or allocates).
 pub(crate) const FUEL_YIELD_INTERVAL: u64 = 10_000_000;
 
@@ -99,8 +99,9 @@ fn pooling(max_instances: u32) -> PoolingAllocationConfig {
 }
 
 /// Creates an engine and, unless it meters fuel, starts its one epoch ticker. The ticker
-/// holds only a weak reference and stops when the engine is dropped. The pooling allocator is used where the host lets it
-/// reserve its address space; otherwise instances are allocated on demand.
+/// holds only a weak reference and stops when the engine is dropped. The pooling allocator is
+/// used where the host lets it reserve its address space; otherwise instances are allocated on
+/// demand.
 pub(crate) fn new_engine(max_instances: u32, meter_fuel: bool) -> wasmtime::Result<Engine> {
     let mut pooled = config(meter_fuel);
     pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(max_instances)));

@@ -67,12 +67,13 @@ impl Fresh {
             .build();
         let mut table = ResourceTable::new();
         table.set_max_capacity(MAX_RESOURCES);
+        let instantiated_by = Instant::now() + INSTANTIATE_TIMEOUT;
         let state = RunState {
             wasi,
             table,
             limiter: GuestLimiter::new(MAX_MEMORY_BYTES),
             gate: None,
-            deadline: Instant::now() + INSTANTIATE_TIMEOUT,
+            deadline: instantiated_by,
             denied_capability: None,
             stdout,
             stderr,
@@ -94,9 +95,11 @@ impl Fresh {
                 }
             });
         }
-        let sandbox = tokio::time::timeout(INSTANTIATE_TIMEOUT, pre.instantiate_async(&mut store))
+        let sandbox = until(instantiated_by, pre.instantiate_async(&mut store))
             .await
-            .map_err(|_| wasmtime::format_err!("instantiating the guest timed out"))??;
+            .map_err(|DeadlinePassed| {
+                wasmtime::format_err!("instantiating the guest timed out")
+            })??;
         Ok(Fresh {
             store,
             sandbox,
@@ -245,7 +248,7 @@ impl Fresh {
 /// The run's deadline passed before its guest returned.
 struct DeadlinePassed;
 
-/// Drives `run` until it completes or `deadline` passes.
+/// Drives `run` (a run, or an instantiation) until it completes or `deadline` passes.
 ///
 /// A metered guest that computes yields every [`FUEL_YIELD_INTERVAL`] of fuel, which polls
 /// this future again: the clock is read at each poll, so the deadline holds to within one
