@@ -229,6 +229,35 @@ async fn both_engines_hold_the_wall_clock_on_one_thread() {
     both_engines_hold_the_wall_clock(1).await;
 }
 
+/// A short run finishes within one poll of its future. Before runs yielded, a task running
+/// them back to back never gave its worker thread back: callers spawned beside it on that
+/// worker, or later from outside the runtime, did not start until it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_running_back_to_back_take_turns() {
+    warm_up().await;
+    let r = Runner::builder().build().unwrap();
+    let until = Instant::now() + Duration::from_millis(1500);
+    let mut callers = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        let r = r.clone();
+        callers.spawn(async move {
+            let mut runs = 0usize;
+            while Instant::now() < until {
+                let result = r.run("pass").await;
+                assert!(result.ok, "{result:#?}");
+                runs += 1;
+            }
+            runs
+        });
+    }
+    let runs = callers.join_all().await;
+    let mean = runs.iter().sum::<usize>() / runs.len();
+    assert!(
+        runs.iter().all(|&n| n >= 2 && n * 4 >= mean),
+        "runs per caller: {runs:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_loop_that_swallows_every_exception_still_times_out() {
     let code =

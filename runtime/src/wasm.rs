@@ -255,6 +255,12 @@ impl WasmBackend {
                 "the wasm sandbox could not be prepared",
             ));
         }
+        // A short run (most runs) completes within a single poll: the guest computes on this
+        // thread and nothing it awaits is pending. Without a yield, a task running sandboxes
+        // back to back never gave its worker thread back, and other tasks on the runtime did
+        // not start until it stopped (`callers_running_back_to_back_take_turns`). Longer
+        // runs also yield at each epoch tick or fuel interval.
+        tokio::task::yield_now().await;
         let (pooled, _refill) = match &self.inner.pool {
             Some(pool) => {
                 let (fresh, refill) = pool.take();
