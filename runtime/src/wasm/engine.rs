@@ -65,7 +65,7 @@ pub(crate) fn config(meter_fuel: bool) -> Config {
 
 /// The pooling allocator, sized for the CPython guest: instances, memories, tables and fiber
 /// stacks come from slots reserved once, so creating an instance maps memory instead of
-/// allocating it, and the guest's 20 MiB heap snapshot is a copy-on-write image.
+/// allocating it, and the guest's 22 MiB heap snapshot is a copy-on-write image.
 fn pooling(max_instances: u32) -> PoolingAllocationConfig {
     let mut p = PoolingAllocationConfig::new();
     p.total_component_instances(max_instances)
@@ -81,12 +81,13 @@ fn pooling(max_instances: u32) -> PoolingAllocationConfig {
         // A run can need a second fiber: a denied WASI call releases the guest's handles
         // asynchronously from inside the guest's own fiber.
         .total_stacks(max_instances.saturating_mul(2))
-        // A run dirties a few hundred pages of the 20 MiB heap snapshot. Resetting a slot by
-        // `madvise` throws those pages away, so the next instance in the slot page-faults
+        // A run dirties a hundred or more pages of the 22 MiB heap snapshot. Resetting a slot
+        // by `madvise` throws those pages away, so the next instance in the slot page-faults
         // (and copies) them all again; profiles showed those faults as a third of a fresh run.
-        // With PAGEMAP_SCAN (Linux 6.7+) wasmtime finds exactly the dirty pages and copies the
-        // snapshot's bytes back over them, keeping them resident: the next instance starts
-        // without those faults. Without PAGEMAP_SCAN this would `memset` the whole region on
+        // With PAGEMAP_SCAN (Linux 6.7+) wasmtime finds the dirty pages and copies the
+        // snapshot's bytes back over them, keeping them resident, so the next instance starts
+        // without those faults; wasmtime 48 keeps at most 32 separate regions this way and
+        // releases the rest. Without PAGEMAP_SCAN this would `memset` the whole region on
         // every drop, which costs more than it saves, so it is enabled only with it.
         .pagemap_scan(Enabled::Auto);
     let pagemap = PoolingAllocationConfig::is_pagemap_scan_available();
