@@ -235,7 +235,7 @@ async fn both_engines_hold_the_wall_clock_on_one_thread() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_running_back_to_back_take_turns() {
     warm_up().await;
-    let r = Runner::builder().build().unwrap();
+    let r = runner(ToolPolicy::new(), Limits::default());
     let until = Instant::now() + Duration::from_millis(1500);
     let mut callers = tokio::task::JoinSet::new();
     for _ in 0..6 {
