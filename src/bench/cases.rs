@@ -23,6 +23,13 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
     let backend = WasmBackend::builder().build()?;
     eprintln!("pycage bench: preparing the guest...");
     backend.prepare().await?;
+    if !backend.resets_slots_in_place() {
+        eprintln!(
+            "pycage bench: this host swaps (or its kernel lacks PAGEMAP_SCAN): memory slots are \
+             released after each run rather than reset in place, so fresh runs fault in more \
+             of the heap (see SECURITY.md)"
+        );
+    }
     let mut rows = Vec::new();
 
     if wanted("fresh_pass") {

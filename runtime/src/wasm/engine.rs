@@ -63,10 +63,33 @@ pub(crate) fn config(meter_fuel: bool) -> Config {
     config
 }
 
+/// How a pooled slot's memory is put back to the snapshot when its instance is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotReset {
+    /// Find the pages the run wrote (`PAGEMAP_SCAN`, Linux 6.7+) and copy the snapshot back
+    /// over them, so the next instance in the slot starts without faulting them in. Sound
+    /// only while the host has no swap (see [`super::swap`]).
+    InPlace,
+    /// Release the slot's pages (`madvise(MADV_DONTNEED)`): swapped-out pages go too, and the
+    /// next instance faults in what it touches.
+    Release,
+}
+
+impl SlotReset {
+    /// In place where the kernel can scan and the host has no swap; release otherwise.
+    pub(crate) fn for_this_host() -> SlotReset {
+        if PoolingAllocationConfig::is_pagemap_scan_available() && !super::swap::in_use() {
+            SlotReset::InPlace
+        } else {
+            SlotReset::Release
+        }
+    }
+}
+
 /// The pooling allocator, sized for the CPython guest: instances, memories, tables and fiber
 /// stacks come from slots reserved once, so creating an instance maps memory instead of
 /// allocating it, and the guest's 22 MiB heap snapshot is a copy-on-write image.
-fn pooling(max_instances: u32) -> PoolingAllocationConfig {
+fn pooling(max_instances: u32, reset: SlotReset) -> PoolingAllocationConfig {
     let mut p = PoolingAllocationConfig::new();
     p.total_component_instances(max_instances)
         .max_core_instances_per_component(CORE_INSTANCES_PER_GUEST)
@@ -80,24 +103,28 @@ fn pooling(max_instances: u32) -> PoolingAllocationConfig {
         .max_memory_size(MAX_MEMORY_BYTES as usize)
         // A run can need a second fiber: a denied WASI call releases the guest's handles
         // asynchronously from inside the guest's own fiber.
-        .total_stacks(max_instances.saturating_mul(2))
-        // A run dirties a hundred or more pages of the 22 MiB heap snapshot. Resetting a slot
-        // by `madvise` throws those pages away, so the next instance in the slot page-faults
-        // (and copies) them all again; profiles showed those faults as a third of a fresh run.
-        // With PAGEMAP_SCAN (Linux 6.7+) wasmtime finds the dirty pages and copies the
-        // snapshot's bytes back over them, keeping them resident, so the next instance starts
-        // without those faults; wasmtime 48 keeps at most 32 separate regions this way and
-        // releases everything after the 32nd, read-only mappings included. A run leaves about
-        // 100 regions, so a fresh run still takes ~180 faults; with that limit raised (an
-        // experimental patched build) it took 4, and fresh `pass` went from 1.2 to 0.7 ms.
-        // Without PAGEMAP_SCAN this would `memset` the whole region on every drop, which costs
-        // more than it saves, so it is enabled only with it.
-        .pagemap_scan(Enabled::Auto);
-    let pagemap = PoolingAllocationConfig::is_pagemap_scan_available();
-    tracing::debug!(pagemap, "pycage: pooling allocator");
-    if pagemap {
-        p.linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
-            .table_keep_resident(64 * 1024);
+        .total_stacks(max_instances.saturating_mul(2));
+    // A run dirties a hundred or more pages of the 22 MiB heap snapshot. Releasing them
+    // means the next instance in the slot page-faults (and copies) them all again; profiles
+    // showed those faults as a third of a fresh run. Resetting in place keeps them resident:
+    // 183 faults per fresh `pass` against 263 when released (`perf stat`, the difference
+    // between 1,200 and 200 runs), and with two callers 472-602 fresh runs a second against
+    // 375-424 (three interleaved rounds). wasmtime 48 keeps at most 32 separate regions this
+    // way and releases everything after the 32nd, read-only mappings included. A run leaves
+    // about 100 regions, so a fresh run still takes ~180 faults; with that limit raised (an
+    // experimental patched build) it took 4, and fresh `pass` went from 1.2 to 0.7 ms.
+    // Without PAGEMAP_SCAN, keeping pages resident would `memset` the whole region on every
+    // drop, which costs more than it saves. With swap, resetting in place is unsound (see
+    // `super::swap`).
+    match reset {
+        SlotReset::InPlace => {
+            p.pagemap_scan(Enabled::Yes)
+                .linear_memory_keep_resident(KEEP_RESIDENT_BYTES)
+                .table_keep_resident(64 * 1024);
+        }
+        SlotReset::Release => {
+            p.pagemap_scan(Enabled::No);
+        }
     }
     p
 }
@@ -105,19 +132,28 @@ fn pooling(max_instances: u32) -> PoolingAllocationConfig {
 /// Creates an engine and, unless it meters fuel, starts its one epoch ticker. The ticker
 /// holds only a weak reference and stops when the engine is dropped. The pooling allocator is
 /// used where the host lets it reserve its address space; otherwise instances are allocated on
-/// demand.
-pub(crate) fn new_engine(max_instances: u32, meter_fuel: bool) -> wasmtime::Result<Engine> {
+/// demand (each memory is unmapped when its instance is dropped: [`SlotReset::Release`]).
+/// Returns the engine and how it resets its slots.
+pub(crate) fn new_engine(
+    max_instances: u32,
+    meter_fuel: bool,
+    reset: SlotReset,
+) -> wasmtime::Result<(Engine, SlotReset)> {
+    tracing::debug!(?reset, "pycage: pooling allocator");
     let mut pooled = config(meter_fuel);
-    pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(max_instances)));
-    let engine = match Engine::new(&pooled) {
-        Ok(engine) => engine,
+    pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(
+        max_instances,
+        reset,
+    )));
+    let (engine, reset) = match Engine::new(&pooled) {
+        Ok(engine) => (engine, reset),
         Err(e) => {
             tracing::warn!(error = %e, "pycage: pooling allocator unavailable; allocating on demand");
-            Engine::new(&config(meter_fuel))?
+            (Engine::new(&config(meter_fuel))?, SlotReset::Release)
         }
     };
     if meter_fuel {
-        return Ok(engine);
+        return Ok((engine, reset));
     }
     let weak = engine.weak();
     std::thread::Builder::new()
@@ -130,5 +166,5 @@ pub(crate) fn new_engine(max_instances: u32, meter_fuel: bool) -> wasmtime::Resu
             }
         })
         .map_err(|e| wasmtime::format_err!("starting the epoch ticker: {e}"))?;
-    Ok(engine)
+    Ok((engine, reset))
 }

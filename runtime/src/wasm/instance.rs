@@ -19,7 +19,8 @@ use wasmtime_wasi::WasiCtx;
 use super::bindings::exports::pycage::sandbox::guest::{Failure, FailureKind};
 use super::bindings::{Sandbox, SandboxPre};
 use super::classify::{self, Ending, Evidence};
-use super::engine::FUEL_YIELD_INTERVAL;
+use super::engine::{FUEL_YIELD_INTERVAL, SlotReset};
+use super::reaper::GuestStore;
 use super::state::{GuestLimiter, MAX_RESOURCES, RunState};
 use crate::backend::Job;
 use crate::broker::ToolGate;
@@ -37,7 +38,7 @@ const INSTANTIATE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// An instantiated guest that has never run.
 pub(crate) struct Fresh {
-    store: Store<RunState>,
+    store: GuestStore,
     sandbox: Sandbox,
     meter_fuel: bool,
 }
@@ -52,11 +53,13 @@ pub(crate) struct Outcome {
 
 impl Fresh {
     /// Instantiates a guest in a new store. Deny by construction: no args, no environment, no
-    /// preopened directories, stdin closed, stdout and stderr captured.
+    /// preopened directories, stdin closed, stdout and stderr captured. `reset` is how
+    /// `engine` resets its slots.
     pub async fn new(
         engine: &Engine,
         pre: &SandboxPre<RunState>,
         meter_fuel: bool,
+        reset: SlotReset,
     ) -> wasmtime::Result<Fresh> {
         let stdout = CapturePipe::new(0);
         let stderr = CapturePipe::new(0);
@@ -77,8 +80,9 @@ impl Fresh {
             denied_capability: None,
             stdout,
             stderr,
+            reset,
         };
-        let mut store = Store::new(engine, state);
+        let mut store = GuestStore::new(Store::new(engine, state));
         store.limiter(|s| &mut s.limiter);
         if meter_fuel {
             // No epoch checks in this engine (see `engine::config`): the guest yields every
@@ -95,7 +99,7 @@ impl Fresh {
                 }
             });
         }
-        let sandbox = until(instantiated_by, pre.instantiate_async(&mut store))
+        let sandbox = until(instantiated_by, pre.instantiate_async(&mut *store))
             .await
             .map_err(|DeadlinePassed| {
                 wasmtime::format_err!("instantiating the guest timed out")
@@ -141,7 +145,7 @@ impl Fresh {
         );
         self.sandbox
             .pycage_sandbox_guest()
-            .call_run(&mut self.store, CODE, REQUEST)
+            .call_run(&mut *self.store, CODE, REQUEST)
             .await?
             .map(drop)
             .map_err(|f| wasmtime::format_err!("priming failed in the guest: {}", f.message))
@@ -208,7 +212,7 @@ impl Fresh {
             Ok(()) => {
                 let run = sandbox
                     .pycage_sandbox_guest()
-                    .call_run(&mut store, &job.code, &request);
+                    .call_run(&mut *store, &job.code, &request);
                 until(deadline, run).await
             }
         };
@@ -240,7 +244,8 @@ impl Fresh {
         };
         // The broker goes back to its owner now, not when the reaper gets to the store.
         store.data_mut().gate = None;
-        super::reaper::retire(store);
+        // To the reaper thread (see `GuestStore`).
+        drop(store);
         outcome
     }
 }

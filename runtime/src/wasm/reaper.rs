@@ -5,15 +5,56 @@
 //! pages the run wrote, `madvise` for the rest. That measured about 130 µs (p50) of a 1.6 ms
 //! warm-pool run, all of it after the result was known. The queue is bounded: when the
 //! reaper falls behind, a run drops its own store, so used instances never pile up.
+//!
+//! Every store is dropped through [`dispose`], which refuses to recycle a slot whose reset
+//! would be unsound (see [`super::swap`]).
 
+use std::ops::{Deref, DerefMut};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{SyncSender, sync_channel};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant};
 
 use wasmtime::Store;
 
+use super::engine::SlotReset;
 use super::state::RunState;
+use super::swap;
+
+/// A guest's store, from its creation on: however it is dropped (after a run, a refused run,
+/// a failed instantiation, an unused warm-pool instance), it goes to [`retire`].
+pub(crate) struct GuestStore(Option<Store<RunState>>);
+
+impl GuestStore {
+    pub fn new(store: Store<RunState>) -> Self {
+        GuestStore(Some(store))
+    }
+}
+
+impl Deref for GuestStore {
+    type Target = Store<RunState>;
+    fn deref(&self) -> &Store<RunState> {
+        self.0
+            .as_ref()
+            .expect("a guest store is only taken when it drops")
+    }
+}
+
+impl DerefMut for GuestStore {
+    fn deref_mut(&mut self) -> &mut Store<RunState> {
+        self.0
+            .as_mut()
+            .expect("a guest store is only taken when it drops")
+    }
+}
+
+impl Drop for GuestStore {
+    fn drop(&mut self) {
+        if let Some(store) = self.0.take() {
+            retire(store);
+        }
+    }
+}
 
 /// How many used stores may wait for the reaper before runs drop their own.
 const BACKLOG: usize = 64;
@@ -24,8 +65,11 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 /// Stores the reaper has dropped.
 static REAPED: AtomicUsize = AtomicUsize::new(0);
 
+/// Stores never dropped, because their slots could not be reset soundly.
+static KEPT: AtomicUsize = AtomicUsize::new(0);
+
 /// Drops `store`, on the reaper thread when it has room.
-pub(crate) fn retire(store: Store<RunState>) {
+fn retire(store: Store<RunState>) {
     static REAPER: OnceLock<Option<SyncSender<Store<RunState>>>> = OnceLock::new();
     let reaper = REAPER.get_or_init(|| {
         let (tx, rx) = sync_channel::<Store<RunState>>(BACKLOG);
@@ -33,7 +77,7 @@ pub(crate) fn retire(store: Store<RunState>) {
             .name("pycage-reaper".into())
             .spawn(move || {
                 for store in rx {
-                    drop(store);
+                    dispose(store);
                     REAPED.fetch_add(1, Ordering::AcqRel);
                     PENDING.fetch_sub(1, Ordering::AcqRel);
                 }
@@ -42,14 +86,38 @@ pub(crate) fn retire(store: Store<RunState>) {
             .ok()
             .map(|_| tx)
     });
-    if let Some(tx) = reaper {
-        PENDING.fetch_add(1, Ordering::AcqRel);
-        if let Err(e) = tx.try_send(store) {
-            PENDING.fetch_sub(1, Ordering::AcqRel);
-            // A full queue or a dead reaper hands the store back: it is dropped here.
-            drop(e);
-        }
+    let Some(tx) = reaper else {
+        return dispose(store);
+    };
+    PENDING.fetch_add(1, Ordering::AcqRel);
+    if let Err(TrySendError::Full(store) | TrySendError::Disconnected(store)) = tx.try_send(store) {
+        PENDING.fetch_sub(1, Ordering::AcqRel);
+        // A full queue or a dead reaper hands the store back: it is dropped here.
+        dispose(store);
     }
+}
+
+/// Drops a used store, returning its slots to the pool, unless the slots reset in place and
+/// the host now has swap: a page the guest wrote may be in swap, where the reset would miss
+/// it and the slot's next guest would read it. Such a store is kept (leaked) instead, its
+/// slots never reused; the backend moves new runs to an engine that releases its slots
+/// (`Inner::current`), so this happens only to the stores alive when swap was turned on.
+///
+/// Checked just before the reset: swap turned on and a page of this slot swapped out in the
+/// microseconds between the check and the reset's scan would still be missed.
+fn dispose(mut store: Store<RunState>) {
+    if store.data().reset == SlotReset::InPlace && swap::in_use() {
+        store.data_mut().gate = None;
+        if KEPT.fetch_add(1, Ordering::AcqRel) == 0 {
+            tracing::warn!(
+                "pycage: the host has swap now; used sandboxes of the engine created without \
+                 it are kept, not recycled (their memory is not returned)"
+            );
+        }
+        std::mem::forget(store);
+        return;
+    }
+    drop(store);
 }
 
 /// Whether some used stores still hold their slots.

@@ -7,6 +7,7 @@ use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::engine::SlotReset;
 use crate::broker::ToolGate;
 use crate::capture::CapturePipe;
 
@@ -31,6 +32,8 @@ pub(crate) struct RunState {
     pub denied_capability: Option<String>,
     pub stdout: CapturePipe,
     pub stderr: CapturePipe,
+    /// How the engine resets this store's slots when it is dropped.
+    pub reset: SlotReset,
 }
 
 impl WasiView for RunState {
