@@ -15,8 +15,8 @@ use pycage::{Runner, ToolPolicy, WasmBackend};
 use pycage_tools::ToolRegistry;
 use serde_json::json;
 
-/// Run A: change every module's `__doc__` in place (the dictionaries live in the guest's heap
-/// snapshot), then have the host page everything out while this run waits.
+/// Changes every module's `__doc__` in place (the dictionaries live in the guest's heap
+/// snapshot).
 const MARK: &str = r#"
 import sys
 marked = 0
@@ -25,6 +25,10 @@ for m in list(sys.modules.values()):
     if isinstance(d, dict) and '__doc__' in d:
         d['__doc__'] = 200
         marked += 1
+"#;
+
+/// Run A: [`MARK`], then have the host page everything out while this run waits.
+const MARK_AND_PAGE_OUT: &str = r#"
 swapped = (await pageout())["swapped_kib"]
 return [marked, swapped]
 "#;
@@ -136,7 +140,7 @@ fn runner(backend: &WasmBackend) -> Runner {
 /// Run A marks and is paged out; the next runs (one slot, so the same one while it is
 /// recycled) must start from the snapshot.
 async fn mark_page_out_and_check(runner: &Runner) {
-    let a = runner.run(MARK).await;
+    let a = runner.run(&format!("{MARK}{MARK_AND_PAGE_OUT}")).await;
     assert!(a.ok, "{a:#?}");
     let (marked, swapped) = (a.value[0].as_u64().unwrap(), a.value[1].as_u64().unwrap());
     assert!(marked > 100, "run A marked only {marked} modules");
@@ -176,4 +180,22 @@ async fn runs_never_read_an_earlier_runs_swapped_out_pages() {
     let backend = WasmBackend::builder().max_instances(1).build().unwrap();
     assert!(!backend.resets_slots_in_place());
     mark_page_out_and_check(&runner(&backend)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_told_to_release_its_slots_releases_them() {
+    let backend = WasmBackend::builder()
+        .max_instances(1)
+        .reset_slots_in_place(false)
+        .build()
+        .unwrap();
+    assert!(!backend.resets_slots_in_place());
+    let runner = runner(&backend);
+    let a = runner.run(&format!("{MARK}\nreturn marked")).await;
+    assert!(a.ok && a.value.as_u64().unwrap() > 100, "{a:#?}");
+    for _ in 0..2 {
+        let b = runner.run(CHECK).await;
+        assert!(b.ok, "{b:#?}");
+        assert_eq!(b.value, json!(0), "a run saw an earlier run's writes");
+    }
 }

@@ -82,6 +82,7 @@ pub struct WasmBackendBuilder {
     warm_pool: usize,
     max_instances: u32,
     meter_fuel: bool,
+    reset_in_place: bool,
 }
 
 impl Default for WasmBackendBuilder {
@@ -91,6 +92,7 @@ impl Default for WasmBackendBuilder {
             warm_pool: 0,
             max_instances: engine::DEFAULT_MAX_INSTANCES,
             meter_fuel: true,
+            reset_in_place: true,
         }
     }
 }
@@ -127,6 +129,16 @@ impl WasmBackendBuilder {
         self
     }
 
+    /// Lets used instances' memory slots be reset in place where that is sound against swap
+    /// (default true; see [`WasmBackend::resets_slots_in_place`]). With `false` every slot is
+    /// released after its run: fresh runs fault in more of the guest's heap, and no page of a
+    /// run can reach the slot's next guest through a page the kernel was migrating at the
+    /// moment of the reset (a race SECURITY.md describes). For hosts serving several tenants.
+    pub fn reset_slots_in_place(mut self, allow: bool) -> Self {
+        self.reset_in_place = allow;
+        self
+    }
+
     /// Creates the backend (the guest itself is loaded on first use, or by
     /// [`WasmBackend::prepare`]).
     ///
@@ -134,8 +146,13 @@ impl WasmBackendBuilder {
     ///
     /// When the engine cannot be created.
     pub fn build(self) -> Result<WasmBackend, String> {
+        let reset = if self.reset_in_place {
+            SlotReset::for_this_host()
+        } else {
+            SlotReset::Release
+        };
         Ok(WasmBackend {
-            inner: Arc::new(Inner::new(self, SlotReset::for_this_host())?),
+            inner: Arc::new(Inner::new(self, reset)?),
         })
     }
 }
@@ -188,9 +205,10 @@ impl WasmBackend {
 
     /// Whether used instances' memory slots are reset in place (the snapshot copied back over
     /// the pages a run wrote, which stay resident) rather than released. Only on Linux 6.7+
-    /// without swap; releasing makes fresh runs fault in more of the guest's heap (263
-    /// faults per fresh `pass` instead of 183, and a sixth to a third fewer fresh runs a
-    /// second with two callers, on the machine we measured).
+    /// without swap, unless [`WasmBackendBuilder::reset_slots_in_place`] said no. Releasing
+    /// makes fresh runs fault in more of the guest's heap: 263 faults per fresh `pass`
+    /// instead of 183, and a sixth to a third fewer fresh runs a second with two callers, on
+    /// the machine we measured.
     pub fn resets_slots_in_place(&self) -> bool {
         let inner = self.inner.successor.get().unwrap_or(&self.inner);
         inner.reset == SlotReset::InPlace
