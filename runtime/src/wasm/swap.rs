@@ -8,8 +8,10 @@
 //! neither copied over nor released, and the next guest in the slot reads it back from swap.
 //! Measured with a 1 GiB swap file and `MADV_PAGEOUT` during a run: the next two runs in the
 //! slot saw a trap (`uninitialized element`) and then 11 of the first run's 288 module
-//! changes (`tests/swap_isolation.rs`). Without a swap area, written pages cannot leave
-//! memory, so the scan sees them all.
+//! changes; `tests/swap_isolation.rs` stages the same (there the next run trapped with an out
+//! of bounds memory access). Without a swap area, written pages cannot leave memory, so the
+//! scan sees them all, except one the kernel is migrating at that instant: a race this check
+//! cannot see (SECURITY.md, residual risks).
 
 /// Whether any swap area is active on the host. `sysinfo(2)` is not namespaced, so inside a
 /// container this is the host's swap, which is the one that matters. Sub-microsecond.
