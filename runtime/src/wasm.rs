@@ -3,7 +3,7 @@
 //! # Security
 //!
 //! The guest is a WebAssembly component. It has no host syscalls: it reaches the host only
-//! through the imports the linker defines (see [`linker`]): captured stdio, clocks, random,
+//! through the imports the linker defines (see `wasm/linker.rs`): captured stdio, clocks, random,
 //! an empty environment, a filesystem with nothing in it, and the broker's `call-tool`.
 //! Memory, fuel and wall-clock limits are enforced by the engine and the store, never by the
 //! guest. Each run gets a fresh store and instance; a store is dropped after its run, trapped
@@ -356,7 +356,7 @@ impl Inner {
     /// The prepared engine a new run should use: this one, unless it resets slots in place
     /// and the host has started swapping since it was created. Then a successor that
     /// releases its slots takes over for good (created once; it loads the guest again), and
-    /// this engine's used stores are never recycled ([`reaper::dispose`]).
+    /// this engine's used stores are never recycled (`reaper::dispose`).
     async fn current(self: &Arc<Self>) -> Result<Arc<Inner>, String> {
         self.prepare().await?;
         if self.reset != SlotReset::InPlace || !swap::in_use() {
