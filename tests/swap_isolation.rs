@@ -30,8 +30,8 @@ for m in list(sys.modules.values()):
         marked += 1
 "#;
 
-/// Run A: [`MARK`], then have the host page everything out while this run waits.
-const MARK_AND_PAGE_OUT: &str = r#"
+/// Run A is [`MARK`] and then this: the host pages everything out while the run waits.
+const PAGE_OUT: &str = r#"
 swapped = (await pageout())["swapped_kib"]
 return [marked, swapped]
 "#;
@@ -152,7 +152,7 @@ fn runner(backend: &WasmBackend) -> Runner {
 /// Run A marks and is paged out; the next runs (one slot, so the same one while it is
 /// recycled) must start from the snapshot.
 async fn mark_page_out_and_check(runner: &Runner) {
-    let a = runner.run(&format!("{MARK}{MARK_AND_PAGE_OUT}")).await;
+    let a = runner.run(&format!("{MARK}{PAGE_OUT}")).await;
     assert!(a.ok, "{a:#?}");
     let (marked, swapped) = (a.value[0].as_u64().unwrap(), a.value[1].as_u64().unwrap());
     assert!(marked > 100, "run A marked only {marked} modules");
