@@ -47,16 +47,28 @@ fn layered() -> Result<LayeredBackend, String> {
 }
 
 pub fn list(args: BackendsArgs) -> Exit {
+    let mut wasm = None;
     let rows: Vec<_> = BACKEND_NAMES
         .iter()
         .map(|name| {
             let (isolation, availability) = match by_name(name) {
-                Ok((backend, _)) => (backend.provides_isolation(), backend.availability()),
+                Ok((backend, w)) => {
+                    wasm = wasm.take().or(w);
+                    (backend.provides_isolation(), backend.availability())
+                }
                 Err(e) => (true, Availability::Unavailable(e)),
             };
             (*name, isolation, availability)
         })
         .collect();
+    // How the wasm backend's used memory slots are made fresh again (SECURITY.md).
+    let slot_reset = wasm.map(|w| {
+        if w.resets_slots_in_place() {
+            "in_place"
+        } else {
+            "release"
+        }
+    });
     let containment = pycage::os::bubblewrap::containment_note();
     if args.json {
         let table: Vec<_> = rows
@@ -66,12 +78,18 @@ pub fn list(args: BackendsArgs) -> Exit {
                     Availability::Available => None,
                     Availability::Unavailable(why) => Some(why.as_str()),
                 };
-                json!({
+                let mut row = json!({
                     "name": name,
                     "isolation": isolation,
                     "available": availability.is_available(),
                     "reason": reason,
-                })
+                });
+                if *name == "wasm"
+                    && let Some(reset) = slot_reset
+                {
+                    row["slot_reset"] = json!(reset);
+                }
+                row
             })
             .collect();
         println!("{}", json!(table));
@@ -88,5 +106,16 @@ pub fn list(args: BackendsArgs) -> Exit {
     }
     println!();
     println!("process trees of native runs: {containment}");
+    match slot_reset {
+        Some("in_place") => println!(
+            "wasm memory slots after a run: reset in place (the snapshot's bytes copied back; \
+             this host has no swap)"
+        ),
+        Some(_) => println!(
+            "wasm memory slots after a run: released (this host swaps, or its kernel lacks \
+             PAGEMAP_SCAN; see SECURITY.md)"
+        ),
+        None => {}
+    }
     Exit::Ok
 }

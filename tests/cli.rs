@@ -332,3 +332,42 @@ fn a_failing_command_tool_is_a_catchable_tool_error() {
         "{r}"
     );
 }
+
+#[test]
+fn backends_lists_each_backend_and_how_wasm_slots_are_reset() {
+    let out = pycage(&["backends", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = json_result(&out);
+    let rows = table.as_array().expect("a list of backends");
+    let names: Vec<_> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    for name in pycage::os::BACKEND_NAMES {
+        assert!(names.contains(name), "{name} is missing: {names:?}");
+    }
+    let wasm = rows.iter().find(|r| r["name"] == "wasm").unwrap();
+    // No swap here means in place, where the kernel can scan; any swap means release.
+    let swaps = std::fs::read_to_string("/proc/swaps").is_ok_and(|s| s.lines().count() > 1);
+    let reset = wasm["slot_reset"]
+        .as_str()
+        .expect("the wasm row says how slots are reset");
+    assert!(reset == "in_place" || reset == "release", "{reset}");
+    if swaps {
+        assert_eq!(
+            reset, "release",
+            "a host with swap must not reset slots in place"
+        );
+    }
+
+    let text = pycage(&["backends"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!(
+            "wasm memory slots after a run: {}",
+            if reset == "in_place" {
+                "reset in place"
+            } else {
+                "released"
+            }
+        )),
+        "{text}"
+    );
+}
