@@ -210,14 +210,12 @@ impl WasmBackend {
     /// instead of 183, and a sixth to a third fewer fresh runs a second with two callers, on
     /// the machine we measured.
     pub fn resets_slots_in_place(&self) -> bool {
-        let inner = self.inner.successor.get().unwrap_or(&self.inner);
-        inner.reset == SlotReset::InPlace
+        self.inner.latest().reset == SlotReset::InPlace
     }
 
     /// How many pre-instantiated guests are waiting in the warm pool.
     pub fn warm_instances(&self) -> usize {
-        let inner = self.inner.successor.get().unwrap_or(&self.inner);
-        inner.pool.as_ref().map_or(0, WarmPool::ready)
+        self.inner.latest().pool.as_ref().map_or(0, WarmPool::ready)
     }
 
     /// Loads (or compiles, then caches) the guest, and starts filling the warm pool. Runs do
@@ -356,7 +354,8 @@ impl Inner {
     /// The prepared engine a new run should use: this one, unless it resets slots in place
     /// and the host has started swapping since it was created. Then a successor that
     /// releases its slots takes over for good (created once; it loads the guest again), and
-    /// this engine's used stores are never recycled (`reaper::dispose`).
+    /// this engine's used stores are never recycled (`reaper::dispose`). Checked on every
+    /// run: a run that started here after its engine's last slot was kept could not start.
     async fn current(self: &Arc<Self>) -> Result<Arc<Inner>, String> {
         self.prepare().await?;
         if self.reset != SlotReset::InPlace || !swap::in_use() {
@@ -374,6 +373,11 @@ impl Inner {
             .await?;
         next.prepare().await?;
         Ok(next.clone())
+    }
+
+    /// The engine that serves runs now: the successor, once there is one.
+    fn latest(self: &Arc<Self>) -> &Arc<Inner> {
+        self.successor.get().unwrap_or(self)
     }
 
     /// A fresh guest instance. Requires `prepared`.

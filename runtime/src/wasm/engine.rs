@@ -139,7 +139,6 @@ pub(crate) fn new_engine(
     meter_fuel: bool,
     reset: SlotReset,
 ) -> wasmtime::Result<(Engine, SlotReset)> {
-    tracing::debug!(?reset, "pycage: pooling allocator");
     let mut pooled = config(meter_fuel);
     pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(
         max_instances,
@@ -152,6 +151,7 @@ pub(crate) fn new_engine(
             (Engine::new(&config(meter_fuel))?, SlotReset::Release)
         }
     };
+    tracing::debug!(?reset, "pycage: wasm engine");
     if meter_fuel {
         return Ok((engine, reset));
     }

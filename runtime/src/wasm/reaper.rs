@@ -10,9 +10,9 @@
 //! would be unsound (see [`super::swap`]).
 
 use std::ops::{Deref, DerefMut};
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+use std::sync::{Once, OnceLock};
 use std::time::{Duration, Instant};
 
 use wasmtime::Store;
@@ -65,9 +65,6 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 /// Stores the reaper has dropped.
 static REAPED: AtomicUsize = AtomicUsize::new(0);
 
-/// Stores never dropped, because their slots could not be reset soundly.
-static KEPT: AtomicUsize = AtomicUsize::new(0);
-
 /// Drops `store`, on the reaper thread when it has room.
 fn retire(store: Store<RunState>) {
     static REAPER: OnceLock<Option<SyncSender<Store<RunState>>>> = OnceLock::new();
@@ -108,12 +105,13 @@ fn retire(store: Store<RunState>) {
 fn dispose(mut store: Store<RunState>) {
     if store.data().reset == SlotReset::InPlace && swap::in_use() {
         store.data_mut().gate = None;
-        if KEPT.fetch_add(1, Ordering::AcqRel) == 0 {
+        static WARNED: Once = Once::new();
+        WARNED.call_once(|| {
             tracing::warn!(
                 "pycage: the host has swap now; used sandboxes of the engine created without \
                  it are kept, not recycled (their memory is not returned)"
             );
-        }
+        });
         std::mem::forget(store);
         return;
     }

@@ -14,7 +14,8 @@
 //! cannot see (SECURITY.md, residual risks).
 
 /// Whether any swap area is active on the host. `sysinfo(2)` is not namespaced, so inside a
-/// container this is the host's swap, which is the one that matters. Sub-microsecond.
+/// container this is the host's swap, which is the one that matters. About 0.7 µs (timed
+/// through `ctypes` against `getppid`); engines that reset in place pay it twice a run.
 #[cfg(target_os = "linux")]
 pub(crate) fn in_use() -> bool {
     rustix::system::sysinfo().totalswap > 0
