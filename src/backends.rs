@@ -53,7 +53,9 @@ pub fn list(args: BackendsArgs) -> Exit {
         .map(|name| {
             let (isolation, availability) = match by_name(name) {
                 Ok((backend, w)) => {
-                    wasm = wasm.take().or(w);
+                    if w.is_some() {
+                        wasm = w;
+                    }
                     (backend.provides_isolation(), backend.availability())
                 }
                 Err(e) => (true, Availability::Unavailable(e)),
@@ -61,14 +63,7 @@ pub fn list(args: BackendsArgs) -> Exit {
             (*name, isolation, availability)
         })
         .collect();
-    // How the wasm backend's used memory slots are made fresh again (SECURITY.md).
-    let slot_reset = wasm.map(|w| {
-        if w.resets_slots_in_place() {
-            "in_place"
-        } else {
-            "release"
-        }
-    });
+    let in_place = wasm.map(|w| w.resets_slots_in_place());
     let containment = pycage::os::bubblewrap::containment_note();
     if args.json {
         let table: Vec<_> = rows
@@ -85,9 +80,9 @@ pub fn list(args: BackendsArgs) -> Exit {
                     "reason": reason,
                 });
                 if *name == "wasm"
-                    && let Some(reset) = slot_reset
+                    && let Some(in_place) = in_place
                 {
-                    row["slot_reset"] = json!(reset);
+                    row["slot_reset"] = json!(if in_place { "in_place" } else { "release" });
                 }
                 row
             })
@@ -106,16 +101,21 @@ pub fn list(args: BackendsArgs) -> Exit {
     }
     println!();
     println!("process trees of native runs: {containment}");
-    match slot_reset {
-        Some("in_place") => println!(
-            "wasm memory slots after a run: reset in place (the snapshot's bytes copied back; \
-             this host has no swap)"
-        ),
-        Some(_) => println!(
-            "wasm memory slots after a run: released (this host swaps, or its kernel lacks \
-             PAGEMAP_SCAN; see SECURITY.md)"
-        ),
-        None => {}
+    if let Some(in_place) = in_place {
+        println!(
+            "wasm memory slots after a run: {}",
+            slot_reset_note(in_place)
+        );
     }
     Exit::Ok
+}
+
+/// How the wasm backend's used memory slots are made fresh again, and why (SECURITY.md).
+pub fn slot_reset_note(in_place: bool) -> &'static str {
+    if in_place {
+        "reset in place (the snapshot's bytes copied back; this host has no swap)"
+    } else {
+        "released (this host swaps, or its kernel lacks PAGEMAP_SCAN; see SECURITY.md), so \
+         fresh runs fault in more of the guest's heap"
+    }
 }

@@ -25,9 +25,8 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
     backend.prepare().await?;
     if !backend.resets_slots_in_place() {
         eprintln!(
-            "pycage bench: this host swaps (or its kernel lacks PAGEMAP_SCAN): memory slots are \
-             released after each run rather than reset in place, so fresh runs fault in more \
-             of the heap (see SECURITY.md)"
+            "pycage bench: wasm memory slots after a run: {}",
+            crate::backends::slot_reset_note(false)
         );
     }
     let mut rows = Vec::new();
