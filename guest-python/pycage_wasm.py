@@ -6,16 +6,26 @@ starts. Modules that were not imported here are not in the component at all: ``P
 list of what the guest's code can import.
 """
 
+import array
 import gc
 import importlib
 import os
 import random
+import sys
+import types
 
 import pycage_runner
 from componentize_py_types import Err
 from wit_world import exports
 from wit_world.exports import guest as contract
 from wit_world.imports import host
+
+# Marks the table of snapshot objects for the build (`_immortal_table`); four words, so it is
+# aligned like the rest of the table. Keep in step with `runtime/build.rs`.
+_IMMORTAL_MAGIC = (0x79637970, 0x6D696567, 0x74726F6D, 0x31766C61)
+
+# Holds `_finish_snapshot` from the end of this module until `Guest.__init__` calls it.
+_FINISH_SNAPSHOT = []
 
 # What user code may import. Importing at build time costs nothing per run: the snapshot holds
 # the initialised modules and each run maps that snapshot copy-on-write.
@@ -120,16 +130,11 @@ def _warm_up():
             pycage_runner.run(code, request, call)
         except pycage_runner.Failure:
             pass
+    guest = Guest()
+    for _ in range(64):
+        guest.run("pass", request)
+        random.seed()
     pycage_runner.linecache.cache.pop(pycage_runner.FILENAME, None)
-
-
-_warm_up()
-
-# Everything alive now is part of the snapshot every instance starts from. Moving it out of
-# the collector's generations means a collection in a run never walks (and so never touches,
-# and copies) the snapshot's pages.
-gc.collect()
-gc.freeze()
 
 _TOOL_ERROR_KINDS = {
     host.ToolError_NotFound: "not-found",
@@ -156,6 +161,12 @@ def _call(name, args_json):
 
 
 class Guest(exports.Guest):
+    def __init__(self):
+        # componentize-py creates the one instance that serves the export after this module
+        # has been imported, still at build time: the last moment before the snapshot.
+        if _FINISH_SNAPSHOT:
+            _FINISH_SNAPSHOT.pop()()
+
     def run(self, code, request_json):
         try:
             return pycage_runner.run(code, request_json, _call)
@@ -171,6 +182,9 @@ class Guest(exports.Guest):
                 exception=error.exception,
             )
         )
+
+
+_warm_up()
 
 
 def _plug_free_memory():
@@ -194,7 +208,88 @@ def _plug_free_memory():
             if id(plug) >= top:
                 break
             plugs.append(plug)
+    # The smallest chunks (16 bytes) fit no bytes object; a bare `object()` (8 bytes) fits.
+    while True:
+        plug = object()
+        if id(plug) >= top:
+            break
+        plugs.append(plug)
     return plugs
 
 
-_PLUGS = _plug_free_memory()
+def _immortal_table(objects):
+    """Lists the snapshot's objects for the build, which makes them immortal.
+
+    Every reference a run takes to a snapshot object (calling a function, reading a global,
+    creating an instance of a class) writes that object's reference count, and each such write
+    is a copy-on-write fault on a snapshot page. CPython never writes the count of an immortal
+    object (one whose count is at least 2**30 on a 32-bit build). componentize-py offers no
+    way to set it from Python, so this records where each object is, and the build (see
+    `runtime/build.rs`) sets the counts in the snapshot's data. The record: a magic word, the
+    number of objects, then each object's address and its type's address (the build checks
+    both before it writes), then the count again, inverted, as an end mark.
+    """
+    n = len(objects)
+    # Allocated once and filled in place: a grown array would leave stale partial copies in
+    # freed memory, for the build to find.
+    table = array.array("I", bytes(4 * (len(_IMMORTAL_MAGIC) + 2 + 2 * n)))
+    at = len(_IMMORTAL_MAGIC)
+    for i, word in enumerate(_IMMORTAL_MAGIC):
+        table[i] = word
+    table[at] = n
+    for i, obj in enumerate(objects):
+        table[at + 1 + 2 * i] = id(obj)
+        table[at + 2 + 2 * i] = id(type(obj))
+    table[-1] = n ^ 0xFFFFFFFF
+    return table
+
+
+def _snapshot_objects():
+    """Every object the snapshot holds that the collector or its referents can reach.
+
+    Code objects are not traversed by the collector; their constants and names are added
+    by hand.
+    """
+    found = {}
+    todo = gc.get_objects()
+    # Marked as seen, so that neither this search's own containers nor what only they hold
+    # (the addresses it has seen) is listed.
+    found[id(found)] = found
+    found[id(todo)] = todo
+    while todo:
+        obj = todo.pop()
+        key = id(obj)
+        if key in found:
+            continue
+        found[key] = obj
+        todo.extend(gc.get_referents(obj))
+        if type(obj) is types.CodeType:
+            todo.extend((obj.co_consts, obj.co_names, obj.co_name, obj.co_qualname))
+    found.pop(id(todo), None)
+    found.pop(id(found), None)
+    return list(found.values())
+
+
+def _finish_snapshot():
+    """Readies the heap for the snapshot, once, as late as possible (see `Guest.__init__`).
+
+    Everything alive now is part of the snapshot every instance starts from. Moving it out of
+    the collector's generations means a collection in a run never walks (and so never
+    touches, and copies) the snapshot's pages. The objects are listed first, and held from
+    here on, so that every address in the table stays the object's.
+    """
+    global _SNAPSHOT_OBJECTS, _IMMORTAL_TABLE, _PLUGS
+    # componentize-py empties both after this point, and refills them from the host in each
+    # instance. Emptied here, their contents are freed before the heap is plugged; freed
+    # later, they would leave free chunks that a run's first allocations land in.
+    os.environ.clear()
+    del sys.argv[:]
+    gc.collect()
+    _SNAPSHOT_OBJECTS = _snapshot_objects()
+    _IMMORTAL_TABLE = _immortal_table(_SNAPSHOT_OBJECTS)
+    gc.collect()
+    gc.freeze()
+    _PLUGS = _plug_free_memory()
+
+
+_FINISH_SNAPSHOT.append(_finish_snapshot)

@@ -47,6 +47,7 @@ fn main() {
         None => {
             build_component(&out, &guest_dir, &wit_dir, &component);
             raise_parser_depth(&component);
+            immortalize_snapshot(&component);
         }
     }
 
@@ -145,6 +146,202 @@ fn raise_parser_depth(component: &Path) {
         bytes[at + 1..at + 3].copy_from_slice(&NEW);
     }
     fs::write(component, &bytes).unwrap_or_else(|e| fail(&format!("writing component: {e}")));
+}
+
+/// The table `guest-python/pycage_wasm.py` leaves in the snapshot starts with these words.
+const IMMORTAL_MAGIC: [u32; 4] = [0x79637970, 0x6D696567, 0x74726F6D, 0x31766C61];
+
+/// CPython 3.14's `_Py_IMMORTAL_INITIAL_REFCNT` on a 32-bit build, and the least count it
+/// treats as immortal (`_Py_IMMORTAL_MINIMUM_REFCNT`).
+const IMMORTAL_REFCNT: u32 = 3 << 29;
+const IMMORTAL_MINIMUM: u32 = 1 << 30;
+
+/// Makes the snapshot's objects immortal, so a run never writes their reference counts.
+///
+/// A run that calls a function, reads a global or creates an instance increments and
+/// decrements the counts of snapshot objects, and each first write to a snapshot page is a
+/// copy-on-write fault, which the slot's reset must then undo. CPython skips the count of an
+/// immortal object. The guest lists its objects at build time (`_immortal_table` in
+/// `guest-python/pycage_wasm.py`): each object's address and its type's. Here each count in
+/// the snapshot's data segments is set to CPython's immortal value, after checking that the
+/// word after it (`ob_type`) is the listed type; any mismatch fails the build. The data keeps
+/// its length, so the binary keeps its layout. Objects a run creates stay mortal; snapshot
+/// objects are never freed, which costs nothing: an instance serves one run and is dropped.
+fn immortalize_snapshot(component: &Path) {
+    let mut bytes =
+        fs::read(component).unwrap_or_else(|e| fail(&format!("reading component: {e}")));
+    let image = Image::of_snapshot(&bytes);
+    let at = image.find_table();
+    let n = image.read(at + 16);
+    let mut made = 0usize;
+    let mut already = 0usize;
+    let mut unwritable = 0usize;
+    for i in 0..n {
+        let entry = at + 20 + 8 * i;
+        let (object, ty) = (image.read(entry), image.read(entry + 4));
+        if image.read(object + 4) != ty {
+            fail(&format!(
+                "snapshot object {i} of {n} at {object:#x} does not have its listed type {ty:#x}"
+            ));
+        }
+        match image.read(object) {
+            0 => fail(&format!("snapshot object at {object:#x} has no references")),
+            count if count >= IMMORTAL_MINIMUM => already += 1,
+            _ if image.write(&mut bytes, object, IMMORTAL_REFCNT) => made += 1,
+            _ => unwritable += 1,
+        }
+    }
+    // Nearly every object should have been made immortal here; far fewer means the table
+    // or this interpreter's layout is not what this code expects.
+    if made < (n as usize) / 2 {
+        fail(&format!(
+            "made {made} of {n} snapshot objects immortal ({already} already were, \
+             {unwritable} lie outside the data segments)"
+        ));
+    }
+    fs::write(component, &bytes).unwrap_or_else(|e| fail(&format!("writing component: {e}")));
+}
+
+/// The guest heap's initial contents: the active data segments, at constant addresses, of
+/// the one core module that holds the immortal table. Bytes no segment covers are zero.
+struct Image {
+    /// (memory address, offset in the component, length), sorted by address.
+    segments: Vec<(u32, usize, usize)>,
+    /// The component's bytes, as read.
+    bytes: Vec<u8>,
+}
+
+impl Image {
+    fn of_snapshot(bytes: &[u8]) -> Image {
+        use wasmparser::{DataKind, Encoding, Operator, Parser, Payload};
+        let base = bytes.as_ptr() as usize;
+        let mut modules: Vec<Vec<(u32, usize, usize)>> = Vec::new();
+        for payload in Parser::new(0).parse_all(bytes) {
+            match payload {
+                Ok(Payload::Version {
+                    encoding: Encoding::Module,
+                    ..
+                }) => modules.push(Vec::new()),
+                Ok(Payload::DataSection(reader)) => {
+                    let Some(segments) = modules.last_mut() else {
+                        fail("a data section outside any core module")
+                    };
+                    for data in reader {
+                        let data = data.unwrap_or_else(|e| fail(&format!("data segment: {e}")));
+                        let DataKind::Active {
+                            memory_index: 0,
+                            offset_expr,
+                        } = data.kind
+                        else {
+                            continue;
+                        };
+                        if let Ok(Operator::I32Const { value }) =
+                            offset_expr.get_operators_reader().read()
+                        {
+                            let offset = data.data.as_ptr() as usize - base;
+                            segments.push((value as u32, offset, data.data.len()));
+                        }
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => fail(&format!("parsing the component: {e}")),
+            }
+        }
+        let magic: Vec<u8> = IMMORTAL_MAGIC
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        let mut holders = modules.into_iter().filter(|segments| {
+            segments
+                .iter()
+                .any(|&(_, at, len)| bytes[at..at + len].windows(16).any(|w| w == magic))
+        });
+        let (Some(mut segments), None) = (holders.next(), holders.next()) else {
+            fail(
+                "expected exactly one core module with the immortal table in its data (the \
+                 guest writes it when componentize-py creates `Guest` at build time; see \
+                 `_finish_snapshot` in guest-python/pycage_wasm.py)",
+            )
+        };
+        segments.sort_unstable();
+        if segments
+            .windows(2)
+            .any(|w| w[0].0 as usize + w[0].2 > w[1].0 as usize)
+        {
+            fail("the snapshot's data segments overlap");
+        }
+        Image {
+            segments,
+            bytes: bytes.to_vec(),
+        }
+    }
+
+    /// Where in the component the byte at `addr` is stored, if a segment covers it.
+    fn locate(&self, addr: u32) -> Option<usize> {
+        let i = self
+            .segments
+            .partition_point(|&(start, _, _)| start <= addr);
+        let &(start, at, len) = self.segments.get(i.checked_sub(1)?)?;
+        let delta = (addr - start) as usize;
+        (delta < len).then_some(at + delta)
+    }
+
+    fn read(&self, addr: u32) -> u32 {
+        let mut word = [0u8; 4];
+        for (k, b) in word.iter_mut().enumerate() {
+            if let Some(at) = addr.checked_add(k as u32).and_then(|a| self.locate(a)) {
+                *b = self.bytes[at];
+            }
+        }
+        u32::from_le_bytes(word)
+    }
+
+    /// Writes `value` at `addr` in `out` (the component), if every byte that must change is
+    /// covered by a segment; returns whether it did.
+    fn write(&self, out: &mut [u8], addr: u32, value: u32) -> bool {
+        let places: Vec<Option<usize>> = (0..4)
+            .map(|k| addr.checked_add(k).and_then(|a| self.locate(a)))
+            .collect();
+        let value = value.to_le_bytes();
+        if places.iter().zip(value).any(|(p, b)| p.is_none() && b != 0) {
+            return false;
+        }
+        for (place, b) in places.into_iter().zip(value) {
+            if let Some(at) = place {
+                out[at] = b;
+            }
+        }
+        true
+    }
+
+    /// The address of the one complete table: the magic, a count `n`, `n` pairs, then `!n`.
+    /// Freed memory can hold stale starts of it; only one has the end mark where it belongs.
+    fn find_table(&self) -> u32 {
+        let magic: Vec<u8> = IMMORTAL_MAGIC
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        let mut found = Vec::new();
+        for &(start, at, len) in &self.segments {
+            for (pos, w) in self.bytes[at..at + len].windows(16).enumerate() {
+                if w != magic {
+                    continue;
+                }
+                let table = start + pos as u32;
+                let n = self.read(table + 16);
+                if n < 1 << 24 && self.read(table + 20 + 8 * n) == !n {
+                    found.push(table);
+                }
+            }
+        }
+        match found[..] {
+            [table] => table,
+            _ => fail(&format!(
+                "expected one immortal table in the snapshot, found {}",
+                found.len()
+            )),
+        }
+    }
 }
 
 /// The virtualenv's componentize-py, installing it first when missing or of another version.

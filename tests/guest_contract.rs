@@ -157,6 +157,46 @@ async fn a_run_allocates_above_the_snapshot() {
     );
 }
 
+/// The snapshot's objects are immortal (the build sets their reference counts, see
+/// `immortalize_snapshot` in `runtime/build.rs`), so a run that uses them never writes their
+/// pages. What a run creates stays mortal: it is freed, collected and finalized as usual.
+#[tokio::test]
+async fn the_snapshot_is_immortal_and_what_a_run_creates_is_not() {
+    let code = "import gc, json, sys, weakref, pycage_wasm\n\
+        listed = pycage_wasm._SNAPSHOT_OBJECTS\n\
+        mortal_in_snapshot = sum(not sys._is_immortal(o) for o in listed)\n\
+        class Mine: pass\n\
+        made = [Mine(), [1, 2], {'k': 'v'}, lambda: 0, json.JSONDecoder()]\n\
+        freed = []\n\
+        victim = Mine()\n\
+        weakref.finalize(victim, freed.append, 'freed')\n\
+        del victim\n\
+        a, b = Mine(), Mine()\n\
+        a.other, b.other = b, a\n\
+        weakref.finalize(a, freed.append, 'collected')\n\
+        del a, b\n\
+        gc.collect()\n\
+        return {\n\
+        \x20   'listed': len(listed),\n\
+        \x20   'mortal_in_snapshot': mortal_in_snapshot,\n\
+        \x20   'stdlib_immortal': [sys._is_immortal(o) for o in (json, json.dumps, json.dumps.__code__, json.JSONDecoder)],\n\
+        \x20   'made_immortal': [sys._is_immortal(o) for o in made],\n\
+        \x20   'freed': freed,\n\
+        }";
+    let r = run(code).await;
+    assert!(r.ok, "{r:#?}");
+    let v = &r.value;
+    assert!(v["listed"].as_u64().unwrap() > 50_000, "{v}");
+    assert_eq!(v["mortal_in_snapshot"], json!(0), "{v}");
+    assert_eq!(v["stdlib_immortal"], json!([true, true, true, true]), "{v}");
+    assert_eq!(
+        v["made_immortal"],
+        json!([false, false, false, false, false]),
+        "{v}"
+    );
+    assert_eq!(v["freed"], json!(["freed", "collected"]), "{v}");
+}
+
 #[tokio::test]
 async fn random_differs_between_runs() {
     let a = run("import random\nreturn random.random()").await;
