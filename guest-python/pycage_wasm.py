@@ -27,6 +27,14 @@ _IMMORTAL_MAGIC = (0x79637970, 0x6D696567, 0x74726F6D, 0x31766C61)
 # Holds `_finish_snapshot` from the end of this module until `Guest.__init__` calls it.
 _FINISH_SNAPSHOT = []
 
+# What `_finish_snapshot` leaves in the snapshot, named here so that assigning them later
+# does not grow (and so reallocate, leaving a hole) this module's dict.
+_SNAPSHOT_OBJECTS = _IMMORTAL_TABLE = None
+
+# The plugs (`_plug_free_memory`), in a list sized once: a list that grows frees its old
+# storage, and a chunk freed after the last plug is a hole a run's first objects land in.
+_PLUGS = [None] * (1 << 16)
+
 # What user code may import. Importing at build time costs nothing per run: the snapshot holds
 # the initialised modules and each run maps that snapshot copy-on-write.
 PRELOAD = (
@@ -102,7 +110,30 @@ def _reseed_random_lazily():
 _reseed_random_lazily()
 
 
-def _warm_up():
+# What the warm-up runs, the commonest first: a run of `pass` (as componentize-py makes it:
+# through `Guest.run`, after calling `random.seed`), print, pycage's tool calls (with a
+# stand-in for the host), and the json and re modules.
+_WARM_UP_SNIPPETS = (
+    "pass",
+    "print('hi')",
+    "x = base * 2\nreturn x",
+    "r = call_tool('add', a=1, b=2)\nreturn r['sum']",
+    "r = await add(a=1, b=2)\nreturn [r, {'k': (1, 2.5, None)}]",
+    "import json\nreturn json.loads(json.dumps({'a': [1, 2.5, None, 'x']}))",
+    # Purged first, so that each round compiles its patterns as a run would.
+    "import re\nre.purge()\nm = re.search(r'(\\w+)@([a-z]+)\\.com|\\d{2,4}', 'a@b.com', re.I)\n"
+    "return re.findall(r'[a-z]+\\s*', 'one two') + [m.group(1), re.sub('o+', '0', 'foo')]",
+    # A run that fails: an exception, and a syntax error.
+    "1/0",
+    "def f(:",
+)
+
+_WARM_UP_REQUEST = (
+    '{"vars": {"base": 21}, "tools": [["add", "math.add", "Adds."]], "max_value_bytes": 65536}'
+)
+
+
+def _warm_up(rounds, snippets=_WARM_UP_SNIPPETS):
     """Runs the run path many times before the snapshot is taken.
 
     CPython specialises bytecode as it runs, writing to the code objects; a fresh instance
@@ -114,27 +145,80 @@ def _warm_up():
     def call(name, args_json):
         return True, '{"sum": 3}'
 
-    request = '{"vars": {"base": 21}, "tools": [["add", "math.add", "Adds."]], "max_value_bytes": 65536}'
-    snippets = (
-        "pass",
-        "x = base * 2",
-        "return base * 2",
-        "r = call_tool('add', a=1, b=2)\nreturn r['sum']",
-        "r = await add(a=1, b=2)\nreturn [r, {'k': (1, 2.5, None)}]",
-    )
-    for _ in range(64):
-        for code in snippets:
-            pycage_runner.run(code, request, call)
-    for code in ("1/0", "def f(:"):
-        try:
-            pycage_runner.run(code, request, call)
-        except pycage_runner.Failure:
-            pass
     guest = Guest()
-    for _ in range(64):
-        guest.run("pass", request)
-        random.seed()
+    for _ in range(rounds):
+        for code in snippets:
+            try:
+                if "call_tool(" in code or "await add(" in code:
+                    pycage_runner.run(code, _WARM_UP_REQUEST, call)
+                else:
+                    random.seed()
+                    guest.run(code, _WARM_UP_REQUEST)
+            except Err:
+                pass  # the snippets that fail
     pycage_runner.linecache.cache.pop(pycage_runner.FILENAME, None)
+
+
+def _relocate_hot_code():
+    """Copies the code objects a warmed-up run still writes to fresh, adjacent memory.
+
+    Some instructions never settle: one that cannot be specialised counts down a backoff
+    counter in its code object each time it runs. Those code objects (six on the path of a
+    `pass`) lie wherever their modules were imported, each on a page of its own; copied
+    together they share a page or two. Found by comparing each code object's bytecode before
+    and after two more rounds of each warm-up snippet; the code that creates a function from
+    a copied code object (its `co_consts`) is copied too, beside it. Run after the heap has
+    been plugged, so the copies come from the top of the heap.
+    """
+    codes = [o for o in _snapshot_objects() if type(o) is types.CodeType]
+    # One snippet at a time, the commonest first, so that the code a `pass` writes is copied
+    # first, side by side, and so on.
+    order = {}
+    for snippet in _WARM_UP_SNIPPETS:
+        before = [hash(c._co_code_adaptive) for c in codes]
+        _warm_up(2, (snippet,))
+        for c, b in zip(codes, before):
+            if hash(c._co_code_adaptive) != b:
+                order.setdefault(id(c), len(order))
+        del before
+    hot = set(order)
+    parent = {}
+    for c in codes:
+        for k in c.co_consts:
+            if type(k) is types.CodeType:
+                parent[id(k)] = c
+    todo = list(hot)
+    while todo:
+        child = todo.pop()
+        p = parent.get(child)
+        if p is not None and id(p) not in hot:
+            hot.add(id(p))
+            order[id(p)] = order[child]
+            todo.append(id(p))
+    originals = sorted((c for c in codes if id(c) in hot), key=lambda c: order[id(c)])
+    del codes, parent, todo, order
+    gc.collect()
+    # The search's garbage is freed; with its holes plugged, the copies come from the top.
+    _plug_free_memory()
+    copies = {}
+
+    def copy(c):
+        if id(c) not in copies:
+            consts = tuple(
+                copy(k) if type(k) is types.CodeType and id(k) in hot else k
+                for k in c.co_consts
+            )
+            copies[id(c)] = c.replace(co_consts=consts)
+        return copies[id(c)]
+
+    for c in originals:
+        copy(c)
+    # The dict every run adds its source to, beside them.
+    pycage_runner.linecache.cache = dict(pycage_runner.linecache.cache)
+    for f in gc.get_objects():
+        if type(f) is types.FunctionType and id(f.__code__) in copies:
+            f.__code__ = copies[id(f.__code__)]
+
 
 _TOOL_ERROR_KINDS = {
     host.ToolError_NotFound: "not-found",
@@ -184,7 +268,7 @@ class Guest(exports.Guest):
         )
 
 
-_warm_up()
+_warm_up(64)
 
 
 def _plug_free_memory():
@@ -200,21 +284,22 @@ def _plug_free_memory():
     # A request this large fits no free chunk: it comes from the top, and so does any
     # allocation at or above its address.
     top = id(bytes(1 << 20))
-    plugs = []
+    n = _PLUGS.index(None)
     # Largest first: a big chunk is filled by big plugs, its remainder by smaller ones.
     for size in (65536, 16384, 4096, 1024, 256, 64, 16, 2):
         while True:
             plug = bytes(size)
             if id(plug) >= top:
                 break
-            plugs.append(plug)
+            _PLUGS[n] = plug
+            n += 1
     # The smallest chunks (16 bytes) fit no bytes object; a bare `object()` (8 bytes) fits.
     while True:
         plug = object()
         if id(plug) >= top:
             break
-        plugs.append(plug)
-    return plugs
+        _PLUGS[n] = plug
+        n += 1
 
 
 def _immortal_table(objects):
@@ -278,18 +363,22 @@ def _finish_snapshot():
     touches, and copies) the snapshot's pages. The objects are listed first, and held from
     here on, so that every address in the table stays the object's.
     """
-    global _SNAPSHOT_OBJECTS, _IMMORTAL_TABLE, _PLUGS
+    global _SNAPSHOT_OBJECTS, _IMMORTAL_TABLE
     # componentize-py empties both after this point, and refills them from the host in each
     # instance. Emptied here, their contents are freed before the heap is plugged; freed
     # later, they would leave free chunks that a run's first allocations land in.
     os.environ.clear()
     del sys.argv[:]
     gc.collect()
+    _plug_free_memory()
+    _relocate_hot_code()
+    _warm_up(64)
+    gc.collect()
     _SNAPSHOT_OBJECTS = _snapshot_objects()
     _IMMORTAL_TABLE = _immortal_table(_SNAPSHOT_OBJECTS)
     gc.collect()
     gc.freeze()
-    _PLUGS = _plug_free_memory()
+    _plug_free_memory()
 
 
 _FINISH_SNAPSHOT.append(_finish_snapshot)
