@@ -24,9 +24,6 @@ from wit_world.imports import host
 # aligned like the rest of the table. Keep in step with `runtime/build.rs`.
 _IMMORTAL_MAGIC = (0x79637970, 0x6D696567, 0x74726F6D, 0x31766C61)
 
-# Holds `_finish_snapshot` from the end of this module until `Guest.__init__` calls it.
-_FINISH_SNAPSHOT = []
-
 # What `_finish_snapshot` leaves in the snapshot, named here so that assigning them later
 # does not grow (and so reallocate, leaving a hole) this module's dict.
 _SNAPSHOT_OBJECTS = _IMMORTAL_TABLE = None
@@ -245,12 +242,6 @@ def _call(name, args_json):
 
 
 class Guest(exports.Guest):
-    def __init__(self):
-        # componentize-py creates the one instance that serves the export after this module
-        # has been imported, still at build time: the last moment before the snapshot.
-        if _FINISH_SNAPSHOT:
-            _FINISH_SNAPSHOT.pop()()
-
     def run(self, code, request_json):
         try:
             return pycage_runner.run(code, request_json, _call)
@@ -356,7 +347,7 @@ def _snapshot_objects():
 
 
 def _finish_snapshot():
-    """Readies the heap for the snapshot, once, as late as possible (see `Guest.__init__`).
+    """Readies the heap for the snapshot, once, as late as possible (`_finish_at_last_lookup`).
 
     Everything alive now is part of the snapshot every instance starts from. Moving it out of
     the collector's generations means a collection in a run never walks (and so never
@@ -364,9 +355,9 @@ def _finish_snapshot():
     here on, so that every address in the table stays the object's.
     """
     global _SNAPSHOT_OBJECTS, _IMMORTAL_TABLE
-    # componentize-py empties both after this point, and refills them from the host in each
-    # instance. Emptied here, their contents are freed before the heap is plugged; freed
-    # later, they would leave free chunks that a run's first allocations land in.
+    # componentize-py empties both (and refills them from the host in each instance), sys.argv
+    # after this point. Emptied here, their contents are freed before the heap is plugged;
+    # freed later, they would leave free chunks that a run's first allocations land in.
     os.environ.clear()
     del sys.argv[:]
     gc.collect()
@@ -379,6 +370,33 @@ def _finish_snapshot():
     gc.collect()
     gc.freeze()
     _plug_free_memory()
+    # The interpreter keeps up to 100 freed ints for reuse, linked through the ints
+    # themselves; the plugging's own ints lie in holes it plugged, where a run's first ints
+    # would then be written. Taking more than the list holds empties it.
+    _PLUGS[_PLUGS.index(None)] = [(1 << 20) + i for i in range(256)]
 
 
-_FINISH_SNAPSHOT.append(_finish_snapshot)
+def _finish_at_last_lookup():
+    """Runs `_finish_snapshot` from the last Python code componentize-py runs at build time.
+
+    After importing this module, componentize-py creates `Guest`, looks up the types it
+    converts, empties os.environ, and then looks up `random.seed` (to call it in each new
+    instance); what it frees along the way leaves holes. `random.seed` is taken out of the
+    module until that lookup, which so reaches the module's `__getattr__`: this one puts
+    `seed` and the previous `__getattr__` back and finishes the snapshot.
+    """
+    seed = random.__dict__.pop("seed")
+    previous = random.__getattr__
+
+    def __getattr__(name):
+        if name != "seed":
+            return previous(name)
+        random.seed = seed
+        random.__getattr__ = previous
+        _finish_snapshot()
+        return seed
+
+    random.__getattr__ = __getattr__
+
+
+_finish_at_last_lookup()

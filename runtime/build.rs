@@ -259,8 +259,8 @@ impl Image {
         let (Some(mut segments), None) = (holders.next(), holders.next()) else {
             fail(
                 "expected exactly one core module with the immortal table in its data (the \
-                 guest writes it when componentize-py creates `Guest` at build time; see \
-                 `_finish_snapshot` in guest-python/pycage_wasm.py)",
+                 guest writes it when componentize-py looks up `random.seed` at build time; \
+                 see `_finish_at_last_lookup` in guest-python/pycage_wasm.py)",
             )
         };
         segments.sort_unstable();

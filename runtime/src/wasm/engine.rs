@@ -104,18 +104,17 @@ fn pooling(max_instances: u32, reset: SlotReset) -> PoolingAllocationConfig {
         // A run can need a second fiber: a denied WASI call releases the guest's handles
         // asynchronously from inside the guest's own fiber.
         .total_stacks(max_instances.saturating_mul(2));
-    // A run dirties a hundred or more pages of the 22 MiB heap snapshot. Releasing them
-    // means the next instance in the slot page-faults (and copies) them all again; profiles
-    // showed those faults as a third of a fresh run. Resetting in place keeps them resident:
-    // 183 faults per fresh `pass` against 263 when released (`perf stat`, the difference
-    // between 1,200 and 200 runs), and with two callers 472-602 fresh runs a second against
-    // 375-424 (three interleaved rounds). wasmtime 48 keeps at most 32 separate regions this
-    // way and releases everything after the 32nd, read-only mappings included. A run leaves
-    // about 100 regions, so a fresh run still takes ~180 faults; with that limit raised (an
-    // experimental patched build) it took 4, and fresh `pass` went from 1.2 to 0.7 ms.
-    // Without PAGEMAP_SCAN, keeping pages resident would `memset` the whole region on every
-    // drop, which costs more than it saves. With swap, resetting in place is unsound (see
-    // `super::swap`).
+    // A run dirties pages of the guest's heap snapshot, and reads many more. Releasing them
+    // means the next instance in the slot page-faults (and copies) them all again. Resetting
+    // in place copies the snapshot back over the written pages and keeps the rest mapped: 35
+    // faults per fresh `pass` against 166 when released (`perf stat`, the difference between
+    // 1,200 and 200 runs). wasmtime 48 keeps at most 32 separate written regions this way
+    // and releases everything after the 32nd, read-only mappings included. The guest's build
+    // keeps a short run below that (an immortal snapshot, its still-written code packed
+    // together: see `guest-python/pycage_wasm.py`): `pass` writes 28-31 regions, a run that
+    // compiles a new regex 44-46, and loses what lies after its 32nd. Without PAGEMAP_SCAN,
+    // keeping pages resident would `memset` the whole region on every drop, which costs more
+    // than it saves. With swap, resetting in place is unsound (see `super::swap`).
     match reset {
         SlotReset::InPlace => {
             p.pagemap_scan(Enabled::Yes)
