@@ -151,9 +151,11 @@ fn raise_parser_depth(component: &Path) {
 /// The table `guest-python/pycage_wasm.py` leaves in the snapshot starts with these words.
 const IMMORTAL_MAGIC: [u32; 4] = [0x79637970, 0x6D696567, 0x74726F6D, 0x31766C61];
 
-/// CPython 3.14's `_Py_IMMORTAL_INITIAL_REFCNT` on a 32-bit build, and the least count it
-/// treats as immortal (`_Py_IMMORTAL_MINIMUM_REFCNT`).
-const IMMORTAL_REFCNT: u32 = 3 << 29;
+/// CPython 3.14's `_Py_IMMORTAL_INITIAL_REFCNT` on a 32-bit build (the count its own
+/// `_Py_SetImmortal` gives heap objects; 3.12 and 3.13 used `3 << 29`, which 3.14 reads as a
+/// statically allocated object), and the least count it treats as immortal
+/// (`_Py_IMMORTAL_MINIMUM_REFCNT`).
+const IMMORTAL_REFCNT: u32 = 5 << 28;
 const IMMORTAL_MINIMUM: u32 = 1 << 30;
 
 /// Makes the snapshot's objects immortal, so a run never writes their reference counts.
@@ -176,6 +178,8 @@ fn immortalize_snapshot(component: &Path) {
     let mut made = 0usize;
     let mut already = 0usize;
     let mut unwritable = 0usize;
+    // Objects the interpreter made immortal itself, at the count this code writes.
+    let mut same_count = 0usize;
     for i in 0..n {
         let entry = at + 20 + 8 * i;
         let (object, ty) = (image.read(entry), image.read(entry + 4));
@@ -186,7 +190,10 @@ fn immortalize_snapshot(component: &Path) {
         }
         match image.read(object) {
             0 => fail(&format!("snapshot object at {object:#x} has no references")),
-            count if count >= IMMORTAL_MINIMUM => already += 1,
+            count if count >= IMMORTAL_MINIMUM => {
+                already += 1;
+                same_count += usize::from(count == IMMORTAL_REFCNT);
+            }
             _ if image.write(&mut bytes, object, IMMORTAL_REFCNT) => made += 1,
             _ => unwritable += 1,
         }
@@ -197,6 +204,14 @@ fn immortalize_snapshot(component: &Path) {
         fail(&format!(
             "made {made} of {n} snapshot objects immortal ({already} already were, \
              {unwritable} lie outside the data segments)"
+        ));
+    }
+    // The interpreter's own heap objects made immortal (interned strings) carry its count;
+    // none at this one means this is not the interpreter the constant was taken from.
+    if same_count == 0 {
+        fail(&format!(
+            "none of the {already} objects the interpreter made immortal has the count \
+             {IMMORTAL_REFCNT:#x}; its immortal count has changed"
         ));
     }
     fs::write(component, &bytes).unwrap_or_else(|e| fail(&format!("writing component: {e}")));
