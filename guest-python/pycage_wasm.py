@@ -156,6 +156,22 @@ def _warm_up(rounds, snippets=_WARM_UP_SNIPPETS):
     pycage_runner.linecache.cache.pop(pycage_runner.FILENAME, None)
 
 
+def _function_code():
+    """The code objects that functions run: theirs, and those nested in their constants.
+
+    Collected from the functions rather than by walking every object, whose bookkeeping
+    (megabytes, freed again) would leave a hole the plugging then fills for good.
+    """
+    found = {}
+    todo = [f.__code__ for f in gc.get_objects() if type(f) is types.FunctionType]
+    while todo:
+        c = todo.pop()
+        if id(c) not in found:
+            found[id(c)] = c
+            todo.extend(k for k in c.co_consts if type(k) is types.CodeType)
+    return list(found.values())
+
+
 def _relocate_hot_code():
     """Copies the code objects a warmed-up run still writes to fresh, adjacent memory.
 
@@ -167,7 +183,7 @@ def _relocate_hot_code():
     a copied code object (its `co_consts`) is copied too, beside it. Run after the heap has
     been plugged, so the copies come from the top of the heap.
     """
-    codes = [o for o in _snapshot_objects() if type(o) is types.CodeType]
+    codes = _function_code()
     # One snippet at a time, the commonest first, so that the code a `pass` writes is copied
     # first, side by side, and so on.
     order = {}
@@ -323,27 +339,33 @@ def _immortal_table(objects):
 def _snapshot_objects():
     """Every object the snapshot holds that the collector or its referents can reach.
 
-    Code objects are not traversed by the collector; their constants and names are added
-    by hand.
+    The collector's objects are distinct already; only what they refer to outside it (strings,
+    numbers, code, untracked containers) needs a record of what was seen, which keeps that
+    record small (see `_finish_snapshot`). The collector does not traverse code objects; their
+    constants and names are added by hand.
     """
-    found = {}
-    todo = gc.get_objects()
-    # Marked as seen, so that neither this search's own containers nor what only they hold
-    # (the addresses it has seen) is listed.
-    found[id(found)] = found
-    found[id(todo)] = todo
-    while todo:
-        obj = todo.pop()
-        key = id(obj)
-        if key in found:
-            continue
-        found[key] = obj
-        todo.extend(gc.get_referents(obj))
+    tracked = gc.get_objects()
+    seen = set()
+    untracked = []
+
+    def visit(referents):
+        for r in referents:
+            if not gc.is_tracked(r) and id(r) not in seen:
+                seen.add(id(r))
+                untracked.append(r)
+
+    for obj in tracked:
+        visit(gc.get_referents(obj))
+    i = 0
+    while i < len(untracked):
+        obj = untracked[i]
+        i += 1
+        visit(gc.get_referents(obj))
         if type(obj) is types.CodeType:
-            todo.extend((obj.co_consts, obj.co_names, obj.co_name, obj.co_qualname))
-    found.pop(id(todo), None)
-    found.pop(id(found), None)
-    return list(found.values())
+            visit((obj.co_consts, obj.co_names, obj.co_name, obj.co_qualname))
+    del seen
+    tracked.extend(untracked)
+    return tracked
 
 
 def _finish_snapshot():
@@ -365,7 +387,16 @@ def _finish_snapshot():
     _relocate_hot_code()
     _warm_up(64)
     gc.collect()
-    _SNAPSHOT_OBJECTS = _snapshot_objects()
+    # The search's bookkeeping, its result and the table go into the holes the plugs held,
+    # not on top of the heap: memory the build takes at its peak stays in every instance as
+    # address space a run cannot have in one piece. The search leaves its result above the
+    # memory its bookkeeping used; a copy lands in that freed memory, and the original goes
+    # back. The holes left over are plugged again below.
+    for i in range(_PLUGS.index(None)):
+        _PLUGS[i] = None
+    found = _snapshot_objects()
+    _SNAPSHOT_OBJECTS = found.copy()
+    del found
     _IMMORTAL_TABLE = _immortal_table(_SNAPSHOT_OBJECTS)
     gc.collect()
     gc.freeze()

@@ -322,6 +322,17 @@ async fn memory_within_the_limit_is_usable() {
     assert_eq!(r.value, json!(100 << 20));
 }
 
+/// The interpreter's snapshot occupies the start of the guest's memory; what the build leaves
+/// there (see `_finish_snapshot` in `guest-python/pycage_wasm.py`) is taken from every run.
+/// Under the smallest memory limit, a run still gets 36 MiB in one piece (38 today).
+#[tokio::test]
+async fn the_smallest_memory_limit_leaves_room_for_a_large_buffer() {
+    let limits = Limits::builder().memory_bytes(64 << 20).build().unwrap();
+    let r = run_limited("x = bytearray(36 << 20)\nreturn len(x)", limits).await;
+    assert!(r.ok, "{r:#?}");
+    assert_eq!(r.value, json!(36 << 20));
+}
+
 #[tokio::test]
 async fn output_is_capped_with_a_marker() {
     let limits = Limits::builder().max_output_bytes(256).build().unwrap();
