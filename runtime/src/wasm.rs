@@ -206,9 +206,9 @@ impl WasmBackend {
     /// Whether used instances' memory slots are reset in place (the snapshot copied back over
     /// the pages a run wrote, which stay resident) rather than released. Only on Linux 6.7+
     /// without swap, unless [`WasmBackendBuilder::reset_slots_in_place`] said no. Releasing
-    /// makes fresh runs fault in more of the guest's heap: 166 faults per fresh `pass`
-    /// instead of 35, and about 40% fewer fresh runs a second with two callers (849-910
-    /// against 1,252-1,564), on the machine we measured.
+    /// makes fresh runs fault in more of the guest's heap: 168 faults per fresh `pass`
+    /// instead of 10, and less than half the fresh runs a second with two callers (503-505
+    /// against 1,116-1,128, side by side), on the machine we measured.
     pub fn resets_slots_in_place(&self) -> bool {
         self.inner.latest().reset == SlotReset::InPlace
     }

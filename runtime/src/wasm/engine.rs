@@ -106,13 +106,14 @@ fn pooling(max_instances: u32, reset: SlotReset) -> PoolingAllocationConfig {
         .total_stacks(max_instances.saturating_mul(2));
     // A run dirties pages of the guest's heap snapshot, and reads many more. Releasing them
     // means the next instance in the slot page-faults (and copies) them all again. Resetting
-    // in place copies the snapshot back over the written pages and keeps the rest mapped: 35
-    // faults per fresh `pass` against 166 when released (`perf stat`, the difference between
-    // 1,200 and 200 runs). wasmtime 48 keeps at most 32 separate written regions this way
-    // and releases everything after the 32nd, read-only mappings included. The guest's build
-    // keeps a short run below that (an immortal snapshot, its still-written code packed
-    // together: see `guest-python/pycage_wasm.py`): `pass` writes 28-31 regions, a run that
-    // compiles a new regex 44-46, and loses what lies after its 32nd. Without PAGEMAP_SCAN,
+    // in place copies the snapshot back over the written pages and keeps the rest mapped: 10
+    // faults per fresh `pass` against 168 when released (`perf stat`, the difference between
+    // a long and a short run), and twice the fresh runs a second with two callers. wasmtime
+    // 48 keeps at most 32 separate written regions this way and releases everything after
+    // the 32nd, read-only mappings included. The guest's build keeps a short run below that
+    // (an immortal snapshot, its still-written code packed together: see
+    // `guest-python/pycage_wasm.py`): `pass` writes 24 regions, a run that compiles a new
+    // regex 36, and loses what lies after its 32nd. Without PAGEMAP_SCAN,
     // keeping pages resident would `memset` the whole region on every drop, which costs more
     // than it saves. With swap, resetting in place is unsound (see `super::swap`).
     match reset {
