@@ -151,6 +151,14 @@ fn raise_parser_depth(component: &Path) {
 /// The table `guest-python/pycage_wasm.py` leaves in the snapshot starts with these words.
 const IMMORTAL_MAGIC: [u32; 4] = [0x79637970, 0x6D696567, 0x74726F6D, 0x31766C61];
 
+/// [`IMMORTAL_MAGIC`] as it lies in the guest's (little-endian) memory.
+fn immortal_magic_bytes() -> Vec<u8> {
+    IMMORTAL_MAGIC
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect()
+}
+
 /// CPython 3.14's `_Py_IMMORTAL_INITIAL_REFCNT` on a 32-bit build (the count its own
 /// `_Py_SetImmortal` gives heap objects; 3.12 and 3.13 used `3 << 29`, which 3.14 reads as a
 /// statically allocated object), and the least count it treats as immortal
@@ -262,10 +270,7 @@ impl Image {
                 Err(e) => fail(&format!("parsing the component: {e}")),
             }
         }
-        let magic: Vec<u8> = IMMORTAL_MAGIC
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .collect();
+        let magic = immortal_magic_bytes();
         let mut holders = modules.into_iter().filter(|segments| {
             segments
                 .iter()
@@ -332,10 +337,7 @@ impl Image {
     /// The address of the one complete table: the magic, a count `n`, `n` pairs, then `!n`.
     /// Freed memory can hold stale starts of it; only one has the end mark where it belongs.
     fn find_table(&self) -> u32 {
-        let magic: Vec<u8> = IMMORTAL_MAGIC
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .collect();
+        let magic = immortal_magic_bytes();
         let mut found = Vec::new();
         for &(start, at, len) in &self.segments {
             for (pos, w) in self.bytes[at..at + len].windows(16).enumerate() {
