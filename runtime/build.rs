@@ -11,6 +11,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "build/link/mod.rs"]
+mod link;
+
 const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 const ENV_COMPONENT: &str = "PYCAGE_COMPONENT";
 const ENV_PYTHON: &str = "PYCAGE_PYTHON";
@@ -48,6 +51,7 @@ fn main() {
             build_component(&out, &guest_dir, &wit_dir, &component);
             raise_parser_depth(&component);
             immortalize_snapshot(&component);
+            link_libraries(&component);
         }
     }
 
@@ -146,6 +150,15 @@ fn raise_parser_depth(component: &Path) {
         bytes[at + 1..at + 3].copy_from_slice(&NEW);
     }
     fs::write(component, &bytes).unwrap_or_else(|e| fail(&format!("writing component: {e}")));
+}
+
+/// Links the guest's libraries into one core module, so that instantiating it builds no
+/// function references up front (see `build/link/mod.rs`).
+fn link_libraries(component: &Path) {
+    let bytes = fs::read(component).unwrap_or_else(|e| fail(&format!("reading component: {e}")));
+    let linked = link::link_libraries(&bytes)
+        .unwrap_or_else(|e| fail(&format!("linking the guest's libraries: {e}")));
+    fs::write(component, linked).unwrap_or_else(|e| fail(&format!("writing component: {e}")));
 }
 
 /// The table `guest-python/pycage_wasm.py` leaves in the snapshot starts with these words.

@@ -12,6 +12,8 @@
 mod bindings;
 mod cache;
 mod classify;
+#[cfg(test)]
+mod component_tests;
 mod engine;
 mod instance;
 mod linker;

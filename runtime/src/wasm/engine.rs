@@ -16,9 +16,15 @@ pub(crate) const DEFAULT_MAX_INSTANCES: u32 = 1000;
 /// instance is dropped.
 const KEEP_RESIDENT_BYTES: usize = 32 << 20;
 
-/// Core module instances in one guest component (14 today: libc, libpython, the runtime, the
-/// linking shims); with headroom for a new componentize-py.
+/// Core module instances in one guest component (7 today: the heap snapshot's module, the
+/// guest's libraries linked into one, componentize-py's WASI adapter and import shims); with
+/// headroom for a new componentize-py.
 const CORE_INSTANCES_PER_GUEST: u32 = 32;
+
+/// Tables in one guest component: the guest's function table (owned by its code, so wasmtime
+/// fills it lazily; see `runtime/build/link/mod.rs`), the table the heap snapshot's module
+/// keeps for a few trampolines, and the import shim's.
+const TABLES_PER_GUEST: u32 = 3;
 
 /// How often the ticker advances the engine's epoch. Each tick lets a running guest check its
 /// deadline and yield to the async runtime, so this is both the wall-clock precision and the
@@ -88,7 +94,7 @@ impl SlotReset {
 
 /// The pooling allocator, sized for the CPython guest: instances, memories, tables and fiber
 /// stacks come from slots reserved once, so creating an instance maps memory instead of
-/// allocating it, and the guest's 22 MiB heap snapshot is a copy-on-write image.
+/// allocating it, and the guest's 25 MiB heap snapshot is a copy-on-write image.
 fn pooling(max_instances: u32, reset: SlotReset) -> PoolingAllocationConfig {
     let mut p = PoolingAllocationConfig::new();
     p.total_component_instances(max_instances)
@@ -96,8 +102,8 @@ fn pooling(max_instances: u32, reset: SlotReset) -> PoolingAllocationConfig {
         .total_core_instances(max_instances.saturating_mul(16))
         .max_memories_per_component(4)
         .total_memories(max_instances)
-        .max_tables_per_component(4)
-        .total_tables(max_instances.saturating_mul(2))
+        .max_tables_per_component(TABLES_PER_GUEST + 1)
+        .total_tables(max_instances.saturating_mul(TABLES_PER_GUEST))
         // CPython's function table holds about 5,700 entries.
         .table_elements(16 * 1024)
         .max_memory_size(MAX_MEMORY_BYTES as usize)
