@@ -344,13 +344,24 @@ fn elements(
     Ok(section)
 }
 
-/// The libraries' function names, so that traps and profiles still name the guest's code.
+/// The libraries' function names, so that traps and profiles still name the guest's code. A
+/// function takes the name its own library gives it; an import, the first importer's name.
 fn names(plan: &Plan, maps: &[IndexMap]) -> NameSection {
     let mut by_index = BTreeMap::new();
-    for (lib, parsed) in plan.libs.iter().enumerate() {
-        for (&f, &name) in &parsed.names {
-            if let Some(&index) = maps[lib].funcs.get(f as usize) {
-                by_index.entry(index).or_insert(name);
+    for defined in [true, false] {
+        for (lib, parsed) in plan.libs.iter().enumerate() {
+            let imported = parsed.imported_count(ExternalKind::Func);
+            let mut names: Vec<(u32, &str)> = parsed
+                .names
+                .iter()
+                .map(|(&f, &name)| (f, name))
+                .filter(|&(f, _)| (f >= imported) == defined)
+                .collect();
+            names.sort_unstable();
+            for (f, name) in names {
+                if let Some(&index) = maps[lib].funcs.get(f as usize) {
+                    by_index.entry(index).or_insert(name);
+                }
             }
         }
     }
@@ -385,22 +396,18 @@ fn filler(plan: &Plan) -> Result<Vec<u8>> {
             shared: false,
         }),
     );
-    let err = |e: ReencodeError<std::convert::Infallible>| format!("{e:?}");
+    let val_types = |types: &[wasmparser::ValType]| {
+        types
+            .iter()
+            .map(|&t| RoundtripReencoder.val_type(t))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| format!("{e:?}"))
+    };
     for (i, &(slot, _)) in plan.slots.iter().enumerate() {
         let ty = &main.types[main.func_type(main.trampoline_to(slot)?)? as usize];
-        let params = ty
-            .params()
-            .iter()
-            .map(|&t| RoundtripReencoder.val_type(t))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(err)?;
-        let results = ty
-            .results()
-            .iter()
-            .map(|&t| RoundtripReencoder.val_type(t))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(err)?;
-        types.ty().function(params, results);
+        types
+            .ty()
+            .function(val_types(ty.params())?, val_types(ty.results())?);
         imports.import(
             FILLER_FUNCS,
             &slot_export(slot),
