@@ -1,9 +1,11 @@
 //! Builds the Python guest component and embeds it in the library.
 //!
 //! By default this installs the pinned componentize-py into a private virtualenv under the
-//! target directory (once) and runs it on `guest-python/` and `wit/`. Setting
-//! `PYCAGE_COMPONENT` to a prebuilt component skips all of that. `PYCAGE_PYTHON` picks the
-//! Python that creates the virtualenv (default `python3`).
+//! target directory (once) and runs it on `guest-python/` and `wit/`, then works on its
+//! output: raises the WASI parser's nesting limit, makes the heap snapshot's objects immortal,
+//! and links the guest's libraries into one core module (`build/link`). Setting
+//! `PYCAGE_COMPONENT` to a prebuilt component skips all of that: it is used as it is.
+//! `PYCAGE_PYTHON` picks the Python that creates the virtualenv (default `python3`).
 
 use std::env;
 use std::fs;
