@@ -55,6 +55,8 @@ pub struct Baseline {
 pub struct Settings {
     pub iterations: usize,
     pub duration: Duration,
+    /// Idle time before each sandbox latency sample.
+    pub idle: Duration,
     pub python: String,
     pub pycage_exe: PathBuf,
 }
@@ -63,6 +65,7 @@ pub async fn bench(args: BenchArgs) -> Exit {
     let settings = Settings {
         iterations: args.iterations,
         duration: args.duration,
+        idle: args.idle,
         python: real_python(&args.python),
         pycage_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("pycage")),
     };
@@ -77,11 +80,12 @@ pub async fn bench(args: BenchArgs) -> Exit {
         let report = serde_json::json!({
             "machine": machine(),
             "iterations": settings.iterations,
+            "idle_us": settings.idle.as_micros() as u64,
             "rows": rows,
         });
         println!("{report}");
     } else {
-        print_table(&rows);
+        print_table(&rows, settings.idle);
     }
     Exit::Ok
 }
@@ -113,13 +117,16 @@ fn machine() -> serde_json::Value {
     serde_json::json!({ "cpus": cpus, "cpu": model, "os": std::env::consts::OS })
 }
 
-fn print_table(rows: &[Row]) {
+fn print_table(rows: &[Row], idle: Duration) {
     let m = machine();
     println!(
         "pycage bench — {} CPUs, {}",
         m["cpus"],
         m["cpu"].as_str().unwrap_or("?")
     );
+    if !idle.is_zero() {
+        println!("sandbox latency samples each after {idle:?} idle");
+    }
     println!(
         "{:<34} {:>11} {:>11}  {:<30} {:>11} {:>8}  target",
         "case", "p50", "p99", "baseline", "its p50", "ratio"

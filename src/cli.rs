@@ -50,6 +50,12 @@ pub struct BenchArgs {
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub duration: Duration,
 
+    /// Idle time before each sample of the sandbox latency cases, with a unit (default: none,
+    /// samples back to back). Back to back, a run finds the caches warm from the run before;
+    /// an idle gap measures runs that arrive now and then, as an agent's do.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub idle: Duration,
+
     /// The native Python for the baselines.
     #[arg(long, default_value = "python3")]
     pub python: String,

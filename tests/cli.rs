@@ -371,3 +371,30 @@ fn backends_lists_each_backend_and_how_wasm_slots_are_reset() {
         "{text}"
     );
 }
+
+#[test]
+fn bench_idles_before_each_latency_sample_when_asked() {
+    let started = Instant::now();
+    let out = pycage(&[
+        "bench",
+        "--only",
+        "fresh_pass",
+        "--iterations",
+        "5",
+        "--idle",
+        "50ms",
+        "--json",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let report = json_result(&out);
+    assert_eq!(report["idle_us"], json!(50_000));
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["case"], json!("fresh_pass"));
+    assert_eq!(rows[0]["pycage"]["n"], json!(5));
+    // Five samples, each after 50 ms idle (the warm-up runs do not idle).
+    assert!(started.elapsed() >= Duration::from_millis(250));
+
+    let bad = pycage(&["bench", "--idle", "soon"]);
+    assert_eq!(code(&bad), 2, "{}", stderr(&bad));
+}

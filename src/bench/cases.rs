@@ -35,7 +35,7 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
         rows.push(Row {
             case: "fresh_pass",
             unit: "us",
-            pycage: Figure::Latency(latency(&fresh, "pass", s.iterations).await?),
+            pycage: Figure::Latency(latency(&fresh, "pass", s).await?),
             baseline: None,
             target: Some("p50 <= 0.8 ms, p99 <= 2 ms"),
         });
@@ -44,7 +44,7 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
         rows.push(Row {
             case: "fresh_print",
             unit: "us",
-            pycage: Figure::Latency(latency(&fresh, "print('hi')", s.iterations).await?),
+            pycage: Figure::Latency(latency(&fresh, "print('hi')", s).await?),
             baseline: None,
             target: None,
         });
@@ -59,7 +59,7 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
             rows.push(Row {
                 case,
                 unit: "us",
-                pycage: Figure::Latency(pool_latency(meter_fuel, s.iterations).await?),
+                pycage: Figure::Latency(pool_latency(meter_fuel, s).await?),
                 baseline: None,
                 target,
             });
@@ -238,18 +238,19 @@ async fn tool_call_micros(r: &Runner) -> Result<(Vec<f64>, Vec<f64>), String> {
 }
 
 /// `print('hi')` in an instance from a warm pool of 4, measured with the pool full (idle).
-async fn pool_latency(meter_fuel: bool, iterations: usize) -> Result<Summary, String> {
+async fn pool_latency(meter_fuel: bool, s: &Settings) -> Result<Summary, String> {
     let pooled = WasmBackend::builder()
         .meter_fuel(meter_fuel)
         .warm_pool(4)
         .build()?;
     pooled.prepare().await?;
     let r = runner(pooled.clone(), 100)?;
-    let mut samples = Vec::with_capacity(iterations);
-    for _ in 0..iterations {
+    let mut samples = Vec::with_capacity(s.iterations);
+    for _ in 0..s.iterations {
         while pooled.warm_instances() < 4 {
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
+        idle(s).await;
         let t = Instant::now();
         check(r.run("print('hi')").await)?;
         samples.push(us(t.elapsed()));
@@ -282,17 +283,25 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-async fn latency(r: &Runner, code: &str, n: usize) -> Result<Summary, String> {
-    for _ in 0..n.min(20) {
+async fn latency(r: &Runner, code: &str, s: &Settings) -> Result<Summary, String> {
+    for _ in 0..s.iterations.min(20) {
         check(r.run(code).await)?; // warm-up
     }
-    let mut samples = Vec::with_capacity(n);
-    for _ in 0..n {
+    let mut samples = Vec::with_capacity(s.iterations);
+    for _ in 0..s.iterations {
+        idle(s).await;
         let t = Instant::now();
         check(r.run(code).await)?;
         samples.push(us(t.elapsed()));
     }
     Ok(Summary::of(samples))
+}
+
+/// Waits out the idle time the settings ask for before a sample.
+async fn idle(s: &Settings) {
+    if !s.idle.is_zero() {
+        tokio::time::sleep(s.idle).await;
+    }
 }
 
 /// The work's duration measured inside the guest's interpreter (excludes start-up).
