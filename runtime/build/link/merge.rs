@@ -21,6 +21,8 @@ pub struct Lib<'a> {
 pub struct Group<'a> {
     /// In instantiation order.
     pub libs: Vec<Lib<'a>>,
+    /// The libraries' modules, in the same order.
+    pub lib_modules: Vec<CoreModule<'a>>,
     pub main_instance: u32,
     pub main: CoreModule<'a>,
     pub init_module: u32,
@@ -98,10 +100,28 @@ impl<'a> Group<'a> {
             return Err("the component has no libraries".into());
         }
         let mut take = |m: u32| modules[m as usize].take().ok_or("a module is used twice");
+        let main = take(main_module)?;
+        let init = take(init_module)?;
+        let mut lib_modules = Vec::new();
+        for lib in &libs {
+            let parsed = take(lib.module)?;
+            if parsed.has_data || parsed.has_start || parsed.has_tags {
+                return Err(format!(
+                    "library {} has data, a start function or tags; the snapshot is expected \
+                     to hold all data, with nothing left to run",
+                    lib.name
+                ));
+            }
+            if !parsed.tables.is_empty() || !parsed.memories.is_empty() {
+                return Err(format!("library {} defines a table or a memory", lib.name));
+            }
+            lib_modules.push(parsed);
+        }
         Ok(Group {
-            main: take(main_module)?,
-            init: take(init_module)?,
+            main,
+            init,
             libs,
+            lib_modules,
             main_instance,
             init_module,
             init_instance,
@@ -188,7 +208,7 @@ pub enum Export {
 /// What the merged module is made of, every index resolved.
 pub struct Plan<'g, 'a> {
     pub group: &'g Group<'a>,
-    pub libs: Vec<CoreModule<'a>>,
+    pub libs: &'g [CoreModule<'a>],
     /// Each library's function index space (imports, then defined functions).
     pub funcs: Vec<Vec<Func>>,
     /// Each library's global index space.
@@ -212,7 +232,7 @@ pub struct Plan<'g, 'a> {
 pub struct Linker<'g, 'a> {
     top: &'g Top<'a>,
     group: &'g Group<'a>,
-    libs: Vec<CoreModule<'a>>,
+    libs: &'g [CoreModule<'a>],
     func_imports: Vec<(u32, &'a str, (usize, u32))>,
     func_import_index: HashMap<(u32, &'a str), usize>,
     /// (library, imported function index) -> what it is.
@@ -221,31 +241,16 @@ pub struct Linker<'g, 'a> {
 }
 
 impl<'g, 'a> Linker<'g, 'a> {
-    pub fn new(top: &'g Top<'a>, group: &'g Group<'a>) -> Result<Linker<'g, 'a>> {
-        let mut libs = Vec::new();
-        for lib in &group.libs {
-            let parsed = CoreModule::parse(top.modules[lib.module as usize])?;
-            if parsed.has_data || parsed.has_start || parsed.has_tags {
-                return Err(format!(
-                    "library {} has data, a start function or tags; the snapshot is expected \
-                     to hold all data, with nothing left to run",
-                    lib.name
-                ));
-            }
-            if !parsed.tables.is_empty() || !parsed.memories.is_empty() {
-                return Err(format!("library {} defines a table or a memory", lib.name));
-            }
-            libs.push(parsed);
-        }
-        Ok(Linker {
+    pub fn new(top: &'g Top<'a>, group: &'g Group<'a>) -> Linker<'g, 'a> {
+        Linker {
             top,
             group,
-            libs,
+            libs: &group.lib_modules,
             func_imports: Vec::new(),
             func_import_index: HashMap::new(),
             func_cache: HashMap::new(),
             main_globals: Vec::new(),
-        })
+        }
     }
 
     pub fn plan(mut self) -> Result<Plan<'g, 'a>> {

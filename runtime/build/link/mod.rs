@@ -55,7 +55,7 @@ type Result<T> = std::result::Result<T, String>;
 pub fn link_libraries(component: &[u8]) -> Result<Vec<u8>> {
     let top = component::Top::parse(component)?;
     let group = merge::Group::find(&top)?;
-    let plan = merge::Linker::new(&top, &group)?.plan()?;
+    let plan = merge::Linker::new(&top, &group).plan()?;
     let linked = emit::emit(&plan)?;
     let out = component::rewrite(&top, &group, &linked)?;
     wasmparser::Validator::new_with_features(wasmparser::WasmFeatures::all())
