@@ -585,7 +585,9 @@ impl<'g, 'a> Linker<'g, 'a> {
     /// The slots of `main`'s table that code outside the libraries calls through: those of
     /// `main`'s trampolines that a canonical definition names, or that an instance other than
     /// a library or `__init` is given. Fails if such an instance is given `main`'s table or
-    /// `main` itself, which would let it call through any slot.
+    /// `main` itself, which would let it call through any slot, or one of the `main` globals
+    /// the merged module keeps its own copy of (the stack pointer, say), which the two would
+    /// then no longer share.
     fn outside_slots(&self) -> Result<BTreeSet<u32>> {
         let group = self.group;
         let mut used = self.top.canon_uses.clone();
@@ -615,6 +617,19 @@ impl<'g, 'a> Linker<'g, 'a> {
                                     "an instance outside the libraries is given `main`'s table"
                                         .into(),
                                 );
+                            }
+                        }
+                        ExternalKind::Global => {
+                            if let Some(&Item::Alias { instance, name }) =
+                                self.top.globals.get(index as usize)
+                                && instance == group.main_instance
+                                && let Some(g) = group.main.export(name, ExternalKind::Global)
+                                && self.main_globals.contains(&g)
+                            {
+                                return Err(format!(
+                                    "an instance outside the libraries is given `main`'s global \
+                                     `{name}`, which the merged module holds a copy of"
+                                ));
                             }
                         }
                         _ => {}
