@@ -341,6 +341,16 @@ impl<'g, 'a> Linker<'g, 'a> {
         Ok(())
     }
 
+    /// The index of library `lib`'s export `name`, which must be of kind `kind`.
+    fn lib_export(&self, lib: usize, name: &str, kind: ExternalKind) -> Result<u32> {
+        self.libs[lib].export(name, kind).ok_or_else(|| {
+            format!(
+                "library {} exports no {kind:?} `{name}`",
+                self.group.libs[lib].name
+            )
+        })
+    }
+
     /// What library `lib`'s function `f` is in the merged module.
     fn lib_func(&mut self, lib: usize, f: u32) -> Result<Func> {
         let imported = self.libs[lib].imported_count(ExternalKind::Func);
@@ -365,13 +375,10 @@ impl<'g, 'a> Linker<'g, 'a> {
     /// library's type for it, which the merged module needs if it must import it.
     fn source_func(&mut self, source: Source<'a>, ty: Option<(usize, u32)>) -> Result<Func> {
         match source {
-            Source::Lib(lib, name) => match self.libs[lib].export(name, ExternalKind::Func) {
-                Some(f) => self.lib_func(lib, f),
-                None => Err(format!(
-                    "library {} exports no function `{name}`",
-                    self.group.libs[lib].name
-                )),
-            },
+            Source::Lib(lib, name) => {
+                let f = self.lib_export(lib, name, ExternalKind::Func)?;
+                self.lib_func(lib, f)
+            }
             Source::Main(name) => {
                 let main = &self.group.main;
                 let f = main
@@ -458,13 +465,10 @@ impl<'g, 'a> Linker<'g, 'a> {
             .nth(g as usize)
             .ok_or("an imported global out of range")?;
         match self.import_source(lib, &import)? {
-            Source::Lib(other, name) => match self.libs[other].export(name, ExternalKind::Global) {
-                Some(g) => self.lib_global(other, g),
-                None => Err(format!(
-                    "library {} exports no global `{name}`",
-                    self.group.libs[other].name
-                )),
-            },
+            Source::Lib(other, name) => {
+                let g = self.lib_export(other, name, ExternalKind::Global)?;
+                self.lib_global(other, g)
+            }
             Source::Main(name) => {
                 let g = self
                     .group
