@@ -39,7 +39,7 @@ fn main() {
     }
 
     let component = out.join("pycage-guest.wasm");
-    match env::var_os(ENV_COMPONENT) {
+    let bytes = match env::var_os(ENV_COMPONENT) {
         Some(prebuilt) => {
             println!("cargo:rerun-if-changed={}", Path::new(&prebuilt).display());
             fs::copy(&prebuilt, &component).unwrap_or_else(|e| {
@@ -48,16 +48,22 @@ fn main() {
                     Path::new(&prebuilt).display()
                 ))
             });
+            read_component(&component)
         }
         None => {
             build_component(&out, &guest_dir, &wit_dir, &component);
-            raise_parser_depth(&component);
-            immortalize_snapshot(&component);
-            link_libraries(&component);
+            // componentize-py's output, worked on in memory and written once.
+            let mut bytes = read_component(&component);
+            raise_parser_depth(&mut bytes);
+            immortalize_snapshot(&mut bytes);
+            let bytes = link::link_libraries(&bytes)
+                .unwrap_or_else(|e| fail(&format!("linking the guest's libraries: {e}")));
+            fs::write(&component, &bytes)
+                .unwrap_or_else(|e| fail(&format!("writing component: {e}")));
+            bytes
         }
-    }
+    };
 
-    let bytes = fs::read(&component).unwrap_or_else(|e| fail(&format!("reading component: {e}")));
     let digest = blake3::hash(&bytes).to_hex().to_string();
     let mut f = fs::File::create(out.join("component_digest.rs")).expect("OUT_DIR is writable");
     writeln!(f, "/// BLAKE3 of the embedded guest component.").unwrap();
@@ -105,14 +111,12 @@ fn build_component(out: &Path, guest_dir: &Path, wit_dir: &Path, component: &Pat
 /// `i32.const 4000; i32.eq; br_if 0; call` sequence becomes `i32.const 6000` (both constants
 /// are two-byte LEB128, so the binary keeps its layout). The guest's stack guard still ends
 /// deeper nesting with a clean error.
-fn raise_parser_depth(component: &Path) {
+fn raise_parser_depth(bytes: &mut [u8]) {
     use wasmparser::{Operator, Parser, Payload};
     const OLD: i32 = 4000;
     const NEW: [u8; 2] = [0xf0, 0x2e]; // LEB128 of 6000
-    let mut bytes =
-        fs::read(component).unwrap_or_else(|e| fail(&format!("reading component: {e}")));
     let mut sites = Vec::new();
-    for payload in Parser::new(0).parse_all(&bytes) {
+    for payload in Parser::new(0).parse_all(bytes) {
         let Ok(Payload::CodeSectionEntry(body)) = payload else {
             continue;
         };
@@ -151,16 +155,10 @@ fn raise_parser_depth(component: &Path) {
         }
         bytes[at + 1..at + 3].copy_from_slice(&NEW);
     }
-    fs::write(component, &bytes).unwrap_or_else(|e| fail(&format!("writing component: {e}")));
 }
 
-/// Links the guest's libraries into one core module, so that instantiating it builds no
-/// function references up front (see `build/link/mod.rs`).
-fn link_libraries(component: &Path) {
-    let bytes = fs::read(component).unwrap_or_else(|e| fail(&format!("reading component: {e}")));
-    let linked = link::link_libraries(&bytes)
-        .unwrap_or_else(|e| fail(&format!("linking the guest's libraries: {e}")));
-    fs::write(component, linked).unwrap_or_else(|e| fail(&format!("writing component: {e}")));
+fn read_component(path: &Path) -> Vec<u8> {
+    fs::read(path).unwrap_or_else(|e| fail(&format!("reading component: {e}")))
 }
 
 /// The table `guest-python/pycage_wasm.py` leaves in the snapshot starts with these words.
@@ -192,10 +190,8 @@ const IMMORTAL_MINIMUM: u32 = 1 << 30;
 /// word after it (`ob_type`) is the listed type; any mismatch fails the build. The data keeps
 /// its length, so the binary keeps its layout. Objects a run creates stay mortal; snapshot
 /// objects are never freed, which costs nothing: an instance serves one run and is dropped.
-fn immortalize_snapshot(component: &Path) {
-    let mut bytes =
-        fs::read(component).unwrap_or_else(|e| fail(&format!("reading component: {e}")));
-    let image = Image::of_snapshot(&bytes);
+fn immortalize_snapshot(bytes: &mut [u8]) {
+    let image = Image::of_snapshot(bytes);
     let at = image.find_table();
     let n = image.read(at + 16);
     let mut made = 0usize;
@@ -217,7 +213,7 @@ fn immortalize_snapshot(component: &Path) {
                 already += 1;
                 same_count += usize::from(count == IMMORTAL_REFCNT);
             }
-            _ if image.write(&mut bytes, object, IMMORTAL_REFCNT) => made += 1,
+            _ if image.write(bytes, object, IMMORTAL_REFCNT) => made += 1,
             _ => unwritable += 1,
         }
     }
@@ -237,7 +233,6 @@ fn immortalize_snapshot(component: &Path) {
              {IMMORTAL_REFCNT:#x}; its immortal count has changed"
         ));
     }
-    fs::write(component, &bytes).unwrap_or_else(|e| fail(&format!("writing component: {e}")));
 }
 
 /// The guest heap's initial contents: the active data segments, at constant addresses, of
