@@ -39,7 +39,8 @@ pub struct Linked {
 /// copies of `main`'s globals, then each library's globals; each library's types.
 struct Layout {
     func_base: Vec<u32>,
-    main_globals: Vec<u32>,
+    /// `main`'s global -> its copy's index (the first globals of the merged module).
+    main_globals: HashMap<u32, u32>,
     global_base: Vec<u32>,
     type_base: Vec<u32>,
 }
@@ -61,7 +62,10 @@ impl Layout {
                 plan.func_imports.len() as u32,
                 &mut plan.libs.iter().map(|l| l.functions.len()),
             ),
-            main_globals: plan.main_globals.clone(),
+            main_globals: (0..)
+                .zip(&plan.main_globals)
+                .map(|(i, &g)| (g, i))
+                .collect(),
             global_base: bases(
                 plan.main_globals.len() as u32,
                 &mut plan.libs.iter().map(|l| l.globals.len()),
@@ -79,12 +83,8 @@ impl Layout {
 
     fn global(&self, g: Global) -> u32 {
         match g {
-            Global::Main(m) => self
-                .main_globals
-                .iter()
-                .position(|&x| x == m)
-                .map(|i| i as u32)
-                .unwrap_or(u32::MAX),
+            // The linker lists every `main` global it hands out as `Global::Main`.
+            Global::Main(m) => self.main_globals[&m],
             Global::Defined(lib, i) => self.global_base[lib] + i,
         }
     }
