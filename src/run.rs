@@ -2,6 +2,7 @@
 
 use pycage::{Availability, BuildError, ErrorKind, Limits, Runner, ToolPolicy, WasmBackend};
 use pycage_tools::ToolRegistry;
+use pycage_tools::json::{self, JsonError};
 use serde_json::{Map, Value};
 use std::io::Read;
 use std::path::Path;
@@ -141,8 +142,11 @@ fn parse_vars(specs: &[String]) -> Result<Map<String, Value>, String> {
         let Some((name, json)) = spec.split_once('=') else {
             return Err(format!("--var `{spec}`: expected NAME=JSON"));
         };
-        let value: Value = serde_json::from_str(json).map_err(|e| {
-            format!("--var {name}: the value is not JSON ({e}); quote strings: {name}='\"text\"'")
+        let value = json::parse(json.as_bytes(), json::MAX_DEPTH).map_err(|e| match e {
+            JsonError::Syntax => {
+                format!("--var {name}: the value is not JSON; quote strings: {name}='\"text\"'")
+            }
+            other => format!("--var {name}: in the value, {other}"),
         })?;
         if vars.insert(name.to_owned(), value).is_some() {
             return Err(format!("--var {name} is given twice"));

@@ -228,6 +228,27 @@ fn the_hosts_environment_is_invisible() {
     assert!(!String::from_utf8_lossy(&out.stdout).contains("CANARY-ENV-SECRET"));
 }
 
+/// The program: 2,000 floats at every scale, printed by the guest and returned.
+const FLOATS: &str = "import random\nrandom.seed(1)\nxs = [random.uniform(-1, 1) * 10 ** random.randint(-300, 300) for _ in range(2000)]\nprint(repr(xs))\nreturn xs";
+
+#[test]
+fn json_output_carries_every_float_bit_for_bit() {
+    let out = pycage(&["run", "--json", "--max-output", "1MiB", "-c", FLOATS]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let r = json_result(&out);
+    // What the guest printed is its own repr of each float: the reference.
+    let printed: Vec<f64> = serde_json::from_str(r["stdout"].as_str().unwrap()).unwrap();
+    let returned = r["value"].as_array().unwrap();
+    assert_eq!(printed.len(), 2000);
+    assert_eq!(returned.len(), 2000);
+    let changed = printed
+        .iter()
+        .zip(returned)
+        .filter(|(p, v)| v.as_f64().map(f64::to_bits) != Some(p.to_bits()))
+        .count();
+    assert_eq!(changed, 0, "floats changed between the guest and --json");
+}
+
 #[test]
 fn usage_errors_exit_2_and_say_why() {
     let cases: &[(&[&str], &str)] = &[
@@ -239,6 +260,10 @@ fn usage_errors_exit_2_and_say_why() {
         (&["run", "-c", "1", "--memory", "lots"], "lots"),
         (&["run", "-c", "1", "--var", "x"], "NAME=JSON"),
         (&["run", "-c", "1", "--var", "x=hello"], "not JSON"),
+        (
+            &["run", "-c", "1", "--var", "x=18446744073709551616"],
+            "the integer 18446744073709551616 is outside",
+        ),
         (&["run", "-c", "1", "--var", "not-an-ident=1"], "identifier"),
         (&["run", "-c", "1", "--backend", "nope"], "unknown backend"),
         (&["run", "-c", "1", "--namespace", "nope"], "nope"),

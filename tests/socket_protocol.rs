@@ -400,7 +400,8 @@ async fn hostile_peers_do_not_crash_the_host() {
         }
     }
     drop(held);
-    // Deeply nested JSON in a frame.
+    // Deeply nested JSON in a frame: the frame decodes without recursing, and the broker
+    // refuses the arguments by its depth bound.
     let mut s = f.connect().await;
     let nested = format!(
         "{{\"token\":\"{}\",\"id\":1,\"method\":\"call\",\"name\":\"add\",\"arguments\":{{\"x\":{}1{}}}}}",
@@ -413,8 +414,8 @@ async fn hostile_peers_do_not_crash_the_host() {
         .unwrap();
     assert_error(
         read_response(&mut s).await,
-        WireErrorKind::BadRequest,
-        "not valid JSON",
+        WireErrorKind::InvalidArguments,
+        "nest deeper than 200 levels",
     );
     f.assert_alive().await;
     assert_eq!(f.spy.calls(), 1);

@@ -314,8 +314,12 @@ impl Drop for Process {
 impl Output {
     fn into_result(self) -> Result<Value, ToolError> {
         if self.status.success() {
-            serde_json::from_slice(&self.stdout)
-                .map_err(|_| ToolError::Failed("tool returned invalid JSON".into()))
+            crate::json::parse(&self.stdout, crate::json::MAX_DEPTH).map_err(|e| match e {
+                crate::json::JsonError::Syntax => {
+                    ToolError::Failed("tool returned invalid JSON".into())
+                }
+                other => ToolError::Failed(format!("in the tool's result, {other}")),
+            })
         } else {
             Err(ToolError::Failed(failure_message(
                 self.status,

@@ -496,6 +496,28 @@ async fn invalid_json_output_fails() {
 }
 
 #[tokio::test]
+async fn numbers_in_a_result_are_exact_or_refused() {
+    assert_eq!(
+        sh("echo '[-7.312715117751976e-237, 18446744073709551615]'")
+            .call(Args::new())
+            .await
+            .unwrap()
+            .to_string(),
+        "[-7.312715117751976e-237,18446744073709551615]"
+    );
+    let big = sh("echo '{\"n\": 1180591620717411303424}'")
+        .call(Args::new())
+        .await;
+    let Err(ToolError::Failed(message)) = big else {
+        panic!("{big:?}")
+    };
+    assert!(
+        message.contains("in the tool's result, the integer 1180591620717411303424 is outside"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
 async fn any_json_value_is_a_result() {
     assert_eq!(sh("echo 42").call(Args::new()).await, Ok(json!(42)));
     assert_eq!(sh("echo '\"hi\"'").call(Args::new()).await, Ok(json!("hi")));

@@ -8,7 +8,8 @@
 //! 1. the run is still live (no calls after its result);
 //! 2. the arguments' size is within the cap (checked on the raw text, before parsing);
 //! 3. the name resolves exactly to an exposed tool (no trimming, no case folding);
-//! 4. the arguments parse as a JSON object;
+//! 4. the arguments parse as a JSON object (nested at most 200 deep; floats bit for bit;
+//!    an integer beyond 64 bits is refused, never rounded);
 //! 5. the call ceiling admits one more call (an atomic check-and-increment);
 //!
 //! then the tool runs under the per-call timeout, with panics caught, and its result's size is
@@ -23,8 +24,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use pycage_tools::json::{self, JsonError};
 use pycage_tools::{Args, ToolError};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::Limits;
 use crate::policy::ExposedTools;
@@ -199,15 +202,7 @@ impl Broker {
                 printable(name)
             )));
         };
-        let args: Args = match serde_json::from_str::<Value>(args_json) {
-            Ok(Value::Object(map)) => map,
-            Ok(_) => {
-                return Err(CallError::InvalidArguments(
-                    "arguments must be a JSON object".into(),
-                ));
-            }
-            Err(_) => return Err(CallError::InvalidArguments("arguments are not JSON".into())),
-        };
+        let args = parse_args(args_json)?;
         self.admit()?;
         let timeout = tool
             .timeout()
@@ -241,6 +236,9 @@ impl Broker {
             }
             Err(_) => return Err(CallError::Failed("tool result is not JSON".into())),
         }
+        // The guest reads results by the bound it returns values by.
+        json::check_nesting(&out.buf, json::MAX_DEPTH)
+            .map_err(|e| CallError::Failed(format!("in the tool's result, {e}")))?;
         String::from_utf8(out.buf).map_err(|_| CallError::Failed("tool result is not JSON".into()))
     }
 
@@ -256,6 +254,41 @@ impl Broker {
                 self.ceiling_hit.store(true, Ordering::SeqCst);
                 CallError::LimitExceeded(format!("tool call limit reached ({max} calls)"))
             })
+    }
+}
+
+const ARGS_NOT_JSON: &str = "arguments are not JSON";
+const ARGS_NOT_AN_OBJECT: &str = "arguments must be a JSON object";
+
+/// A call's arguments as the broker reads them: a JSON object nested at most
+/// [`json::MAX_DEPTH`] deep, floats bit for bit and integers exact (one beyond 64 bits is
+/// refused, never rounded).
+fn parse_args(args_json: &str) -> Result<Args, CallError> {
+    match json::parse(args_json.as_bytes(), json::MAX_DEPTH) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(CallError::InvalidArguments(ARGS_NOT_AN_OBJECT.into())),
+        Err(JsonError::Syntax) => Err(CallError::InvalidArguments(ARGS_NOT_JSON.into())),
+        Err(e @ JsonError::IntegerOutOfRange(_)) => Err(CallError::InvalidArguments(format!(
+            "in the arguments, {e}; pass such a number as a string"
+        ))),
+        Err(e) => Err(CallError::InvalidArguments(format!(
+            "in the arguments, {e}"
+        ))),
+    }
+}
+
+/// Checks that `args_json` is a JSON object without parsing it into values, for a gate that
+/// forwards the text to the broker (which then applies [`parse_args`]): the same messages for
+/// the same faults.
+///
+/// # Errors
+///
+/// `InvalidArguments` when the text is not JSON, or not an object.
+pub(crate) fn raw_args(args_json: &str) -> Result<&RawValue, CallError> {
+    match serde_json::from_str::<&RawValue>(args_json) {
+        Ok(raw) if raw.get().starts_with('{') => Ok(raw),
+        Ok(_) => Err(CallError::InvalidArguments(ARGS_NOT_AN_OBJECT.into())),
+        Err(_) => Err(CallError::InvalidArguments(ARGS_NOT_JSON.into())),
     }
 }
 

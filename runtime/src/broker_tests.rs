@@ -95,6 +95,40 @@ async fn refused_calls_are_not_counted_and_do_not_run() {
 }
 
 #[tokio::test]
+async fn arguments_are_read_exactly_or_refused_before_the_tool_runs() {
+    let (b, count) = broker(Limits::default());
+    // An echo would show changed numbers; `count` shows the call ran. Exact floats and
+    // 64-bit integers run.
+    let exact =
+        r#"{"x": -7.312715117751976e-237, "i": -9223372036854775808, "u": 18446744073709551615}"#;
+    assert_eq!(b.call("count", exact).await.unwrap(), r#"{"n":3}"#);
+    let deep = |n: usize| format!("{{\"x\":{}1{}}}", "[".repeat(n), "]".repeat(n));
+    assert!(b.call("count", &deep(199)).await.is_ok());
+    for (args, needle) in [
+        (
+            r#"{"n": 18446744073709551616}"#.to_owned(),
+            "the integer 18446744073709551616 is",
+        ),
+        (
+            r#"{"n": [-9223372036854775809]}"#.to_owned(),
+            "pass such a number as a string",
+        ),
+        (
+            deep(200),
+            "in the arguments, arrays and objects nest deeper than 200 levels",
+        ),
+        (deep(500_000), "nest deeper than 200 levels"),
+    ] {
+        match b.call("count", &args).await {
+            Err(CallError::InvalidArguments(m)) => assert!(m.contains(needle), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+    assert_eq!(b.executed(), 2, "refused arguments are not counted");
+}
+
+#[tokio::test]
 async fn executed_calls_count_even_when_the_tool_fails() {
     let (b, _) = broker(Limits::default());
     assert_eq!(

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use pycage_tools::ToolRegistry;
+use pycage_tools::json::MAX_DEPTH;
 use serde_json::json;
+use serde_json::value::RawValue;
 
 use crate::os::Token;
 use crate::os::protocol::{self, Request};
@@ -98,8 +100,9 @@ const FUZZ_TOKEN: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5
 /// `data` is a 4-byte length prefix, a 4-byte cap, then a frame body in which `@T@` becomes the
 /// run's token. Checked: the length check never lets a frame over the cap through; decoding
 /// never panics; without the token nothing decodes; a decoded call's arguments are a JSON
-/// object and its name is what the guest sent; every error message stays short; and a call
-/// the host encodes decodes back to itself.
+/// object and its name is what the guest sent; every error message stays short; a call the
+/// host encodes decodes back to itself; and arguments the broker would accept write back as
+/// the same text (no number changes on the way).
 pub fn socket_frames(data: &[u8]) {
     let Some((header, rest)) = data.split_first_chunk::<4>() else {
         return;
@@ -120,19 +123,27 @@ pub fn socket_frames(data: &[u8]) {
                 contains(&body, FUZZ_TOKEN.as_bytes()),
                 "decoded without the token"
             );
-            let args: serde_json::Value =
-                serde_json::from_str(&call.arguments).expect("arguments re-encode as JSON");
-            assert!(args.is_object(), "arguments are an object");
+            let raw: &RawValue =
+                serde_json::from_str(&call.arguments).expect("the arguments are one JSON value");
+            assert!(raw.get().starts_with('{'), "the arguments are an object");
             let again = protocol::encode_call(
                 FUZZ_TOKEN,
                 call.id,
                 &call.name,
                 call.namespace.as_deref(),
-                args.as_object().expect("an object"),
+                raw,
             );
             match protocol::decode_request(&again, &token) {
                 Ok(Request::Call(back)) => assert_eq!(back, call, "a call does not round-trip"),
                 other => panic!("a re-encoded call does not decode: {other:?}"),
+            }
+            // What the broker reads of the arguments writes back as the same text: every
+            // number it accepts is exact.
+            if let Ok(args) = pycage_tools::json::parse(raw.get().as_bytes(), MAX_DEPTH) {
+                let text = args.to_string();
+                let back = pycage_tools::json::parse(text.as_bytes(), MAX_DEPTH)
+                    .expect("re-encoded arguments parse");
+                assert_eq!(back.to_string(), text, "a value does not round-trip");
             }
         }
         Ok(Request::Result { .. }) => {

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use pycage_tools::json::{self, JsonError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -149,7 +150,8 @@ pub(crate) const MAX_MESSAGE_CHARS: usize = 2000;
 pub(crate) const MAX_TRACEBACK_CHARS: usize = 16_000;
 pub(crate) const MAX_EXCEPTION_CHARS: usize = 200;
 
-/// The guest's value JSON, checked on the host: within the cap, and valid JSON.
+/// The guest's value JSON, checked on the host: within the cap, valid JSON, nested at most
+/// [`json::MAX_DEPTH`] deep, floats bit for bit and integers exact or refused.
 pub(crate) fn decode_value(json: &str, max_bytes: u64) -> Result<Value, RunError> {
     if json.len() as u64 > max_bytes {
         return Err(RunError::new(
@@ -160,10 +162,14 @@ pub(crate) fn decode_value(json: &str, max_bytes: u64) -> Result<Value, RunError
             ),
         ));
     }
-    serde_json::from_str(json).map_err(|_| {
+    json::parse(json.as_bytes(), json::MAX_DEPTH).map_err(|e| {
+        let hint = match e {
+            JsonError::IntegerOutOfRange(_) => "; return such a number as a string, str(n)",
+            _ => "",
+        };
         RunError::new(
             ErrorKind::GuestException,
-            "the return value is not valid JSON",
+            format!("in the return value, {e}{hint}"),
         )
     })
 }

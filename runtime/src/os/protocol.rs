@@ -35,6 +35,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::token::Token;
@@ -126,7 +127,8 @@ pub struct CallRequest {
     pub name: String,
     /// The namespace, when the guest gave one.
     pub namespace: Option<String>,
-    /// The arguments object, re-serialized as compact JSON.
+    /// The arguments object: the JSON text the guest sent, not parsed here (the broker checks
+    /// its size, then parses it).
     pub arguments: String,
 }
 
@@ -295,76 +297,89 @@ impl std::error::Error for ProtocolError {}
 ///
 /// The order is fixed: the body must be a JSON object; then its `token` must match
 /// `expected` (otherwise `unauthorized`, and no other field is looked at); then every other
-/// field is checked.
+/// field is checked. A call's `arguments` are kept as the text the guest sent, unparsed: the
+/// broker checks their size before it parses them, by the same rules as on every backend.
+/// Fields are split without recursion, so a deeply nested frame costs no stack here.
 ///
 /// # Errors
 ///
 /// A [`ProtocolError`] naming the first problem.
 pub fn decode_request(body: &[u8], expected: &Token) -> Result<Request, ProtocolError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|_| ProtocolError::bad_request(None, "the frame is not valid JSON"))?;
-    let Value::Object(mut obj) = value else {
-        return Err(ProtocolError::bad_request(
-            None,
-            "the frame is not a JSON object",
-        ));
-    };
-    match obj.remove("token") {
-        Some(Value::String(t)) if expected.matches(&t) => {}
+    let mut fields: Fields<'_> = serde_json::from_slice(body).map_err(|e| {
+        let message = match e.classify() {
+            serde_json::error::Category::Data => "the frame is not a JSON object",
+            _ => "the frame is not valid JSON",
+        };
+        ProtocolError::bad_request(None, message)
+    })?;
+    match field::<String>(fields.remove("token")) {
+        Ok(Some(t)) if expected.matches(&t) => {}
         _ => return Err(ProtocolError::unauthorized()),
     }
-    let id = match obj.remove("id") {
-        Some(Value::Number(n)) => n.as_u64().ok_or_else(|| {
-            ProtocolError::bad_request(None, "`id` must be a non-negative integer")
-        })?,
-        Some(_) => {
+    let id = match field::<u64>(fields.remove("id")) {
+        Ok(Some(id)) => id,
+        Ok(None) => return Err(ProtocolError::bad_request(None, "`id` is missing")),
+        Err(()) => {
             return Err(ProtocolError::bad_request(
                 None,
                 "`id` must be a non-negative integer",
             ));
         }
-        None => return Err(ProtocolError::bad_request(None, "`id` is missing")),
     };
     let bad = |message: String| ProtocolError::bad_request(Some(id), message);
-    let method = match obj.remove("method") {
-        Some(Value::String(m)) => m,
-        Some(_) => return Err(bad("`method` must be a string".into())),
-        None => return Err(bad("`method` is missing".into())),
-    };
+    let method = required::<String>(fields.remove("method"), "method", "a string").map_err(bad)?;
     let request = match method.as_str() {
-        "call" => Request::Call(decode_call(id, &mut obj)?),
+        "call" => Request::Call(decode_call(id, &mut fields).map_err(bad)?),
         "result" => {
-            let outcome = match obj.remove("outcome") {
-                Some(Value::Object(o)) => decode_outcome(o).map_err(bad)?,
-                Some(_) => return Err(bad("`outcome` must be an object".into())),
+            let outcome = match fields.remove("outcome") {
+                Some(raw) => match pycage_tools::json::parse(raw.get().as_bytes(), OUTCOME_DEPTH) {
+                    Ok(Value::Object(o)) => decode_outcome(o).map_err(bad)?,
+                    Ok(_) => return Err(bad("`outcome` must be an object".into())),
+                    Err(e) => return Err(bad(format!("in `outcome`, {e}"))),
+                },
                 None => return Err(bad("`outcome` is missing".into())),
             };
             Request::Result { id, outcome }
         }
         other => return Err(bad(format!("unknown method `{}`", printable(other)))),
     };
-    reject_unknown(&obj).map_err(bad)?;
+    reject_unknown(fields.keys()).map_err(bad)?;
     Ok(request)
 }
 
-fn decode_call(id: u64, obj: &mut Map<String, Value>) -> Result<CallRequest, ProtocolError> {
-    let bad = |message: &str| ProtocolError::bad_request(Some(id), message);
-    let name = match obj.remove("name") {
-        Some(Value::String(n)) => n,
-        Some(_) => return Err(bad("`name` must be a string")),
-        None => return Err(bad("`name` is missing")),
-    };
-    let namespace = match obj.remove("namespace") {
-        None => None,
-        Some(Value::String(ns)) => Some(ns),
-        Some(_) => return Err(bad("`namespace` must be a string")),
-    };
-    let arguments = match obj.remove("arguments") {
-        Some(args @ Value::Object(_)) => {
-            serde_json::to_string(&args).map_err(|_| bad("`arguments` could not be re-encoded"))?
-        }
-        Some(_) => return Err(bad("`arguments` must be an object")),
-        None => return Err(bad("`arguments` is missing")),
+/// A request's fields, each as its raw JSON text.
+type Fields<'a> = std::collections::BTreeMap<String, &'a RawValue>;
+
+/// How deep an outcome nests: the outcome, then its worker report.
+const OUTCOME_DEPTH: usize = 2;
+
+/// A field's value read as `T`: `Ok(None)` when absent, `Err(())` when of another type.
+fn field<T: serde::de::DeserializeOwned>(raw: Option<&RawValue>) -> Result<Option<T>, ()> {
+    raw.map(|raw| serde_json::from_str(raw.get()).map_err(|_| ()))
+        .transpose()
+}
+
+/// A field that must be present and of type `T` (`what` says which type, for the message).
+fn required<T: serde::de::DeserializeOwned>(
+    raw: Option<&RawValue>,
+    name: &str,
+    what: &str,
+) -> Result<T, String> {
+    match field(raw) {
+        Ok(Some(value)) => Ok(value),
+        Ok(None) => Err(format!("`{name}` is missing")),
+        Err(()) => Err(format!("`{name}` must be {what}")),
+    }
+}
+
+fn decode_call(id: u64, fields: &mut Fields<'_>) -> Result<CallRequest, String> {
+    let name = required::<String>(fields.remove("name"), "name", "a string")?;
+    let namespace = field::<String>(fields.remove("namespace"))
+        .map_err(|()| "`namespace` must be a string".to_owned())?;
+    let arguments = match fields.remove("arguments") {
+        Some(raw) if raw.get().starts_with('{') => raw.get().to_owned(),
+        Some(_) => return Err("`arguments` must be an object".into()),
+        None => return Err("`arguments` is missing".into()),
     };
     Ok(CallRequest {
         id,
@@ -413,12 +428,12 @@ fn decode_outcome(mut o: Map<String, Value>) -> Result<Outcome, String> {
             exception: optional(o.remove("exception"), "exception")?,
         })
     };
-    reject_unknown(&o).map_err(|e| format!("in `outcome`: {e}"))?;
+    reject_unknown(o.keys()).map_err(|e| format!("in `outcome`: {e}"))?;
     Ok(Outcome { value, report })
 }
 
-fn reject_unknown(obj: &Map<String, Value>) -> Result<(), String> {
-    match obj.keys().next() {
+fn reject_unknown<'a>(mut keys: impl Iterator<Item = &'a String>) -> Result<(), String> {
+    match keys.next() {
         None => Ok(()),
         Some(key) => Err(format!("unknown field `{}`", printable(key))),
     }
@@ -522,24 +537,35 @@ pub fn decode_response(body: &[u8]) -> Result<Response, ProtocolError> {
     }
 }
 
-/// Encodes a call request body.
+/// Encodes a call request body. `arguments` goes into the frame as it is: the text the guest
+/// wrote, so nothing in it is parsed and re-encoded on the way.
 pub fn encode_call(
     token: &str,
     id: u64,
     name: &str,
     namespace: Option<&str>,
-    arguments: &Map<String, Value>,
+    arguments: &RawValue,
 ) -> Vec<u8> {
-    let mut obj = Map::new();
-    obj.insert("token".into(), token.into());
-    obj.insert("id".into(), id.into());
-    obj.insert("method".into(), "call".into());
-    obj.insert("name".into(), name.into());
-    if let Some(ns) = namespace {
-        obj.insert("namespace".into(), ns.into());
+    #[derive(Serialize)]
+    struct Call<'a> {
+        token: &'a str,
+        id: u64,
+        method: &'static str,
+        name: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        namespace: Option<&'a str>,
+        arguments: &'a RawValue,
     }
-    obj.insert("arguments".into(), Value::Object(arguments.clone()));
-    Value::Object(obj).to_string().into_bytes()
+    let call = Call {
+        token,
+        id,
+        method: "call",
+        name,
+        namespace,
+        arguments,
+    };
+    // Serializing strings, an integer and text that is already JSON cannot fail.
+    serde_json::to_vec(&call).unwrap_or_default()
 }
 
 /// Encodes a result request body.

@@ -23,7 +23,7 @@ fn assert_bad(result: Result<Request, ProtocolError>, needle: &str) {
 }
 
 #[test]
-fn a_call_decodes_with_compact_arguments() {
+fn a_call_decodes_with_its_arguments_as_text() {
     let t = token();
     let r = decode(
         &t,
@@ -288,15 +288,55 @@ fn peer_text_in_messages_is_escaped_and_short() {
 }
 
 #[test]
-fn deeply_nested_arguments_are_refused_without_a_crash() {
+fn deeply_nested_frames_decode_without_recursing() {
     let t = token();
-    let nested = format!(
-        r#"{{"token":"{}","id":1,"method":"call","name":"a","arguments":{{"x":{}1{}}}}}"#,
+    let args = format!(r#"{{"x":{}1{}}}"#, "[".repeat(100_000), "]".repeat(100_000));
+    let frame = format!(
+        r#"{{"token":"{}","id":1,"method":"call","name":"a","arguments":{args}}}"#,
+        t.as_str(),
+    );
+    // On a small stack: splitting a frame into fields does not recurse into them. The
+    // arguments go to the broker as they are, which refuses them by its depth bound.
+    let decoded = std::thread::Builder::new()
+        .stack_size(128 * 1024)
+        .spawn(move || decode_request(frame.as_bytes(), &t))
+        .unwrap()
+        .join()
+        .unwrap();
+    let Ok(Request::Call(call)) = decoded else {
+        panic!("{decoded:?}")
+    };
+    assert_eq!(call.arguments, args);
+    let t = token();
+    let deep_outcome = format!(
+        r#"{{"token":"{}","id":1,"method":"result","outcome":{{"ok":true,"value_json":"1","x":{}{}}}}}"#,
         t.as_str(),
         "[".repeat(100_000),
         "]".repeat(100_000)
     );
-    assert_bad(decode_request(nested.as_bytes(), &t), "not valid JSON");
+    assert_bad(
+        decode_request(deep_outcome.as_bytes(), &t),
+        "in `outcome`, arrays and objects nest deeper than 2 levels",
+    );
+}
+
+#[test]
+fn arguments_cross_as_the_guest_wrote_them() {
+    // No number is parsed and re-encoded on the way: floats the default parser rounds wrongly
+    // and integers past 64 bits arrive as text, for the broker to read by its rules.
+    let t = token();
+    let args = r#"{"x": -7.312715117751976e-237, "n": 1180591620717411303424, "z": -0.0}"#;
+    let frame = format!(
+        r#"{{"token":"{}","id":3,"method":"call","name":"echo","arguments":{args}}}"#,
+        t.as_str()
+    );
+    let Request::Call(call) = decode_request(frame.as_bytes(), &t).unwrap() else {
+        panic!("a call")
+    };
+    assert_eq!(call.arguments, args);
+    let raw: &RawValue = serde_json::from_str(args).unwrap();
+    let again = encode_call(t.as_str(), 3, "echo", None, raw);
+    assert_eq!(decode_request(&again, &t).unwrap(), Request::Call(call));
 }
 
 #[test]

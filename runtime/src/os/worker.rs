@@ -240,18 +240,9 @@ impl SocketGate {
                 self.max_args_bytes
             )));
         }
-        let arguments = match serde_json::from_str::<Value>(args_json) {
-            Ok(Value::Object(map)) => map,
-            Ok(_) => {
-                return Err(CallError::InvalidArguments(
-                    "arguments must be a JSON object".into(),
-                ));
-            }
-            Err(_) => return Err(CallError::InvalidArguments("arguments are not JSON".into())),
-        };
+        let arguments = crate::broker::raw_args(args_json)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let body = protocol::encode_call(&self.token, id, name, None, &arguments);
-        drop(arguments);
+        let body = protocol::encode_call(&self.token, id, name, None, arguments);
         match self.exchange(&body).await {
             Ok(Response::Ok { result_json, .. }) => Ok(result_json),
             Ok(Response::Err { kind, message, .. }) => Err(match kind {
