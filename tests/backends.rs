@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{SEED, Spy, assert_kind};
-use os_support::{Subject, pycage_exe, subject};
+use os_support::{Subject, pycage_exe};
 use pycage::{ErrorKind, Limits, ToolPolicy};
 use pycage_tools::ToolRegistry;
 use serde_json::{Value, json};
@@ -335,30 +335,20 @@ async fn huge_arguments_are_capped(s: &Subject) {
     assert_eq!(r.tool_calls, 0);
 }
 
-macro_rules! suite {
-    ($($module:ident => $name:literal),* $(,)?) => {$(
-        mod $module {
-            suite!(@cases $name: seed_example, initial_variables, guest_exception, call_ceiling,
-                allowlist_without_add, wall_timeout, output_cap, network_blocked,
-                host_file_write_blocked, host_file_read_blocked, environment_is_minimal,
-                secrets_in_the_host_environment_are_invisible, fuel_budgets,
-                tool_errors_reach_the_guest, huge_arguments_are_capped);
-        }
-    )*};
-    (@cases $name:literal: $($case:ident),*) => {$(
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn $case() {
-            if let Some(s) = super::subject($name) {
-                super::$case(&s).await;
-            }
-        }
-    )*};
-}
-
-suite! {
-    wasm => "wasm",
-    bubblewrap => "bubblewrap",
-    docker => "docker",
-    local => "local",
-    layered => "wasm+bubblewrap",
-}
+every_backend!([
+    seed_example,
+    initial_variables,
+    guest_exception,
+    call_ceiling,
+    allowlist_without_add,
+    wall_timeout,
+    output_cap,
+    network_blocked,
+    host_file_write_blocked,
+    host_file_read_blocked,
+    environment_is_minimal,
+    secrets_in_the_host_environment_are_invisible,
+    fuel_budgets,
+    tool_errors_reach_the_guest,
+    huge_arguments_are_capped,
+]);

@@ -105,3 +105,39 @@ pub fn subject(name: &'static str) -> Option<Subject> {
         }
     }
 }
+
+/// One module of tests per backend, one test per case: `backend_suite! { [case_a, case_b]
+/// wasm => "wasm", bubblewrap => "bubblewrap" }` runs `case_a(&Subject)` and
+/// `case_b(&Subject)` (async functions at the test crate's root) on each backend that can run
+/// here, skipping the others with the reason (failing instead in CI).
+#[macro_export]
+macro_rules! backend_suite {
+    ($cases:tt $($module:ident => $name:literal),* $(,)?) => {$(
+        mod $module {
+            $crate::backend_suite!(@cases $name: $cases);
+        }
+    )*};
+    (@cases $name:literal: [$($case:ident),* $(,)?]) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $case() {
+            if let Some(s) = $crate::os_support::subject($name) {
+                $crate::$case(&s).await;
+            }
+        }
+    )*};
+}
+
+/// Every backend, as `backend_suite!` names them.
+#[macro_export]
+macro_rules! every_backend {
+    ($cases:tt) => {
+        $crate::backend_suite! {
+            $cases
+            wasm => "wasm",
+            bubblewrap => "bubblewrap",
+            docker => "docker",
+            local => "local",
+            layered => "wasm+bubblewrap",
+        }
+    };
+}
