@@ -21,7 +21,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// List every backend: whether it isolates, and whether it can run here (and why not).
     Backends(BackendsArgs),
-    /// The layered backend's worker (started by pycage itself inside bubblewrap).
+    /// The layered backend's worker (started by pycage itself inside bubblewrap; Unix only).
+    #[cfg(unix)]
     #[command(hide = true)]
     Worker(WorkerArgs),
 }
@@ -33,6 +34,7 @@ pub struct BackendsArgs {
     pub json: bool,
 }
 
+#[cfg(unix)]
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
     /// The prepared, read-only artifact cache.

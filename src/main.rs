@@ -6,6 +6,7 @@ mod cli;
 mod exit;
 mod report;
 mod run;
+#[cfg(unix)]
 mod worker;
 
 use std::process::ExitCode;
@@ -31,7 +32,12 @@ fn main() -> ExitCode {
         }
     };
     // `run` and `worker` run one guest and exit; the others may run many at once.
-    let one_run = matches!(cli.command, Command::Run(_) | Command::Worker(_));
+    let one_run = match &cli.command {
+        Command::Run(_) => true,
+        #[cfg(unix)]
+        Command::Worker(_) => true,
+        Command::Bench(_) | Command::Backends(_) => false,
+    };
     if one_run {
         one_malloc_arena();
     }
@@ -48,6 +54,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await.into(),
             Command::Bench(args) => bench::bench(args).await.into(),
             Command::Backends(args) => backends::list(args).into(),
+            #[cfg(unix)]
             Command::Worker(args) => worker::worker(args).await,
         }
     })

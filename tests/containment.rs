@@ -125,8 +125,11 @@ fn tree_is_capped(s: &Subject) -> bool {
 }
 
 fn running_as_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+    #[cfg(unix)]
+    return std::fs::metadata("/proc/self")
+        .is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0);
+    #[cfg(not(unix))]
+    return false;
 }
 
 /// Runs `code` with `limits`, checks the time it took, then that nothing is left.

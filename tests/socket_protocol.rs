@@ -1,5 +1,6 @@
 //! The OS backends' socket transport, against the real server: tokens, frame caps,
-//! malformed and hostile peers, the end of a run, concurrency.
+//! malformed and hostile peers, the end of a run, concurrency. The transport is Unix-only.
+#![cfg(unix)]
 
 mod common;
 

@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 use pycage_tools::json::{self, JsonError};
 use pycage_tools::{Args, ToolError};
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 use crate::Limits;
 use crate::policy::ExposedTools;
@@ -284,7 +283,9 @@ fn parse_args(args_json: &str) -> Result<Args, CallError> {
 /// # Errors
 ///
 /// `InvalidArguments` when the text is not JSON, or not an object.
-pub(crate) fn raw_args(args_json: &str) -> Result<&RawValue, CallError> {
+#[cfg(unix)]
+pub(crate) fn raw_args(args_json: &str) -> Result<&serde_json::value::RawValue, CallError> {
+    use serde_json::value::RawValue;
     match serde_json::from_str::<&RawValue>(args_json) {
         Ok(raw) if raw.get().starts_with('{') => Ok(raw),
         Ok(_) => Err(CallError::InvalidArguments(ARGS_NOT_AN_OBJECT.into())),

@@ -32,7 +32,6 @@ pub mod capture;
 #[doc(hidden)]
 pub mod fuzzing;
 mod limits;
-#[cfg(unix)]
 pub mod os;
 pub mod policy;
 mod result;
@@ -42,7 +41,6 @@ pub mod wasm;
 pub use backend::{Availability, Backend, Job};
 pub use broker::{Broker, CallError};
 pub use limits::{Limits, LimitsBuilder, LimitsError, MAX_MEMORY_BYTES, MIN_MEMORY_BYTES};
-#[cfg(unix)]
 pub use os::{
     BubblewrapBackend, DockerBackend, LayeredBackend, LocalBackend, SeatbeltBackend, WindowsBackend,
 };

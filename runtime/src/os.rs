@@ -11,6 +11,10 @@
 //! | [`LocalBackend`] | Linux | none: needs `allow_no_isolation` |
 //! | [`LayeredBackend`] | Linux | the wasm engine inside bubblewrap |
 //!
+//! Every backend type exists on every OS, so a host's code compiles everywhere; one that does
+//! not belong on this OS says so in `availability()` ("wrong OS: ...") and fails its runs as
+//! `backend_error`. The socket transport and the process spawning below it are Unix-only.
+//!
 //! Each follows *probe, render, run*: `availability()` probes the host and says why not;
 //! a pure `render` function turns the policy and limits into a command line (or a profile, or
 //! job settings), unit-tested on every platform; `run` spawns it.
@@ -34,7 +38,9 @@
 pub mod bubblewrap;
 pub mod cgroup;
 mod classify;
+mod container;
 pub mod docker;
+#[cfg(unix)]
 mod frame_io;
 mod guest_files;
 pub mod host_layout;
@@ -43,12 +49,17 @@ pub mod local;
 mod native;
 pub mod protocol;
 pub mod rlimits;
+#[cfg(unix)]
 pub mod run_dir;
 pub mod seatbelt;
+#[cfg(unix)]
 pub mod server;
+#[cfg(unix)]
 mod spawn;
+mod sys;
 mod token;
 pub mod windows;
+#[cfg(unix)]
 pub mod worker;
 
 pub use self::bubblewrap::BubblewrapBackend;
@@ -56,9 +67,11 @@ pub use self::classify::{Evidence, Exit, Reporter, classify};
 pub use self::docker::DockerBackend;
 pub use self::layered::LayeredBackend;
 pub use self::local::LocalBackend;
-pub use self::native::{DEFAULT_INTERPRETER, GUEST_MOUNT};
+pub use self::native::{DEFAULT_INTERPRETER, GUEST_MOUNT, SOCKET_NAME};
+#[cfg(unix)]
 pub use self::run_dir::RunDir;
 pub use self::seatbelt::SeatbeltBackend;
+#[cfg(unix)]
 pub use self::server::SocketServer;
 pub use self::token::Token;
 pub use self::windows::WindowsBackend;

@@ -2,6 +2,7 @@
 
 use std::io::Read;
 use std::net::{TcpListener, UdpSocket};
+#[cfg(unix)]
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,6 +43,7 @@ pub struct Canaries {
     secret_calls: Arc<AtomicU32>,
     tcp: TcpListener,
     udp: UdpSocket,
+    #[cfg(unix)]
     unix: UnixListener,
 }
 
@@ -55,13 +57,16 @@ impl Canaries {
         tcp.set_nonblocking(true).unwrap();
         let udp = UdpSocket::bind("127.0.0.1:0").expect("a udp socket");
         udp.set_nonblocking(true).unwrap();
+        #[cfg(unix)]
         let unix = UnixListener::bind(dir.join("host.sock")).expect("a unix listener");
+        #[cfg(unix)]
         unix.set_nonblocking(true).unwrap();
         Canaries {
             dir,
             secret_calls: Arc::new(AtomicU32::new(0)),
             tcp,
             udp,
+            #[cfg(unix)]
             unix,
         }
     }
@@ -145,6 +150,7 @@ impl Canaries {
         if let Ok((n, from)) = self.udp.recv_from(&mut [0; 64]) {
             return Err(format!("the UDP socket received {n} bytes from {from:?}"));
         }
+        #[cfg(unix)]
         if self.unix.accept().is_ok() {
             return Err("the Unix socket accepted a connection".into());
         }

@@ -216,8 +216,7 @@ impl NativeSandbox for BubblewrapBackend {
 /// `RLIMIT_NPROC` counts all of the user's processes: allow the run [`MAX_PROCESSES`] more
 /// than the user has now.
 pub(crate) fn process_allowance() -> u64 {
-    let uid = rustix::process::getuid().as_raw();
-    rlimits::user_process_count(uid) + MAX_PROCESSES
+    rlimits::user_process_count(super::sys::uid()) + MAX_PROCESSES
 }
 
 impl Backend for BubblewrapBackend {

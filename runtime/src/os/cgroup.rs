@@ -356,9 +356,7 @@ impl RunCgroup {
             return;
         }
         for pid in self.member_pids() {
-            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            }
+            super::sys::kill_process(pid);
         }
     }
 

@@ -151,9 +151,9 @@ fn failure_error(failure: RunError, reporter: Reporter) -> RunError {
 
 /// The [`Exit`] of a process status. A status of 128 + n from `docker run` is the container's
 /// process ended by signal n; 125–127 are Docker's own failures.
+#[cfg(unix)]
 pub(crate) fn exit_of(status: std::process::ExitStatus, docker: bool) -> Exit {
-    use std::os::unix::process::ExitStatusExt;
-    if let Some(signal) = status.signal() {
+    if let Some(signal) = super::sys::exit_signal(status) {
         return Exit::Signal(signal);
     }
     match status.code() {

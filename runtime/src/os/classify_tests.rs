@@ -170,6 +170,7 @@ fn reported_texts_are_capped() {
     assert!(e.exception.unwrap().chars().count() <= 201);
 }
 
+#[cfg(unix)]
 #[test]
 fn docker_statuses_map_to_signals_and_sandbox_failures() {
     use std::os::unix::process::ExitStatusExt;

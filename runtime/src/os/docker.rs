@@ -18,15 +18,14 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::container::Container;
 use super::host_layout::HostLayout;
 use super::native::{
     self, DEFAULT_INTERPRETER, GUEST_ENV, GUEST_MOUNT, INTERPRETER_FLAGS, NativeRun, NativeSandbox,
     SandboxCommand,
 };
 use super::rlimits::{MAX_PROCESSES, PRLIMIT, Rlimits, scratch_bytes};
-use super::spawn::Container;
 use crate::Limits;
 use crate::backend::{Availability, Backend, Job, RunFuture};
 use crate::broker::Broker;
@@ -211,10 +210,7 @@ impl NativeSandbox for DockerBackend {
         let spec = DockerSpec {
             image: self.image.clone(),
             name: name.clone(),
-            user: (
-                rustix::process::getuid().as_raw(),
-                rustix::process::getgid().as_raw(),
-            ),
+            user: (super::sys::uid(), super::sys::gid()),
             layout: (*self.layout).clone(),
             run_dir: run.host_dir.to_owned(),
             limits: run.limits.clone(),
@@ -281,38 +277,6 @@ impl Backend for DockerBackend {
 
     fn run(&self, job: Job, broker: Arc<Broker>) -> RunFuture<'_> {
         Box::pin(native::run(self, job, broker))
-    }
-}
-
-/// True when Docker recorded an out-of-memory kill in `container` since `since` (the
-/// container itself is gone: `--rm`).
-pub(crate) async fn oom_event(container: &Container, since: SystemTime) -> bool {
-    let stamp = |t: SystemTime| {
-        let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-        format!("{}.{:09}", d.as_secs(), d.subsec_nanos())
-    };
-    let query = tokio::process::Command::new(&container.docker)
-        .args([
-            "events",
-            "--since",
-            &stamp(since),
-            "--until",
-            &stamp(SystemTime::now()),
-            "--filter",
-            &format!("container={}", container.name),
-            "--filter",
-            "event=oom",
-            "--format",
-            "{{.Status}}",
-        ])
-        .env_clear()
-        .envs(container.env.iter().map(|(k, v)| (k, v)))
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    match tokio::time::timeout(Duration::from_secs(5), query).await {
-        Ok(Ok(out)) => out.status.success() && !out.stdout.trim_ascii().is_empty(),
-        _ => false,
     }
 }
 

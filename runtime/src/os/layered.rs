@@ -22,25 +22,16 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::Value;
-
-use super::bubblewrap::{self, BwrapSpec, guest_env, process_allowance, render_bwrap};
-use super::cgroup::{self, RunCgroup};
-use super::classify::{self, Evidence, Exit, Reporter};
+use super::bubblewrap::{self, BwrapSpec, guest_env, render_bwrap};
 use super::host_layout::HostLayout;
-use super::native::{GUEST_MOUNT, backend_failure, run_cgroup, run_tag};
+use super::native::backend_failure;
 use super::rlimits::Rlimits;
-use super::run_dir::{RunDir, SOCKET_NAME};
-use super::server::SocketServer;
-use super::spawn::{self, Containment, Ended, SpawnSpec};
-use super::worker::{WorkerRequest, worker_backend};
 use crate::backend::{Availability, Backend, Job, RunFuture};
 use crate::broker::Broker;
-use crate::capture::CapturePipe;
-use crate::wasm::{ArtifactSource, WasmBackend};
-use crate::{ErrorKind, Limits, RunResult};
+use crate::wasm::WasmBackend;
+use crate::{Limits, RunResult};
 
 /// Where the worker executable appears inside the sandbox.
 pub const WORKER_PATH: &str = "/run/pycage-bin/pycage";
@@ -56,6 +47,7 @@ pub const WORKER_GRACE: Duration = Duration::from_millis(1500);
 pub const WORKER_OVERHEAD_BYTES: u64 = 512 << 20;
 
 /// The cap on the worker's own stdout and stderr (diagnostics, logged, never shown).
+#[cfg(unix)]
 const WORKER_DIAGNOSTICS_BYTES: u64 = 16 * 1024;
 
 /// The layered backend. Cheap to clone.
@@ -96,7 +88,33 @@ impl LayeredBackend {
         )
     }
 
+    /// Off Unix: a `backend_error` (the worker reaches the broker over a Unix socket).
+    #[cfg(not(unix))]
+    async fn run_job(&self, _job: Job, _broker: Arc<Broker>) -> RunResult {
+        RunResult::failed(
+            self.name(),
+            backend_failure("the layered backend cannot run here", "wrong OS"),
+            Duration::ZERO,
+        )
+    }
+
+    #[cfg(unix)]
     async fn run_job(&self, job: Job, broker: Arc<Broker>) -> RunResult {
+        use std::time::Instant;
+
+        use serde_json::Value;
+
+        use super::bubblewrap::process_allowance;
+        use super::cgroup::{self, RunCgroup};
+        use super::classify::{self, Evidence, Exit, Reporter};
+        use super::native::{GUEST_MOUNT, SOCKET_NAME, run_cgroup, run_tag};
+        use super::run_dir::RunDir;
+        use super::server::SocketServer;
+        use super::spawn::{self, Containment, Ended, SpawnSpec};
+        use super::worker::WorkerRequest;
+        use crate::ErrorKind;
+        use crate::wasm::ArtifactSource;
+
         let name = self.name();
         let prep_started = Instant::now();
         let fail = |error| RunResult::failed(name, error, prep_started.elapsed());
@@ -233,9 +251,29 @@ impl LayeredBackend {
     }
 }
 
+/// The wasm backend a worker uses, and that the host prepares the artifact with: the same
+/// engine configuration on both sides, so the cached artifact fits.
+///
+/// A worker runs one guest, but reserves pooling slots for two: with one, a guest that calls
+/// a denied capability (`socket.getaddrinfo`) needs a second fiber and fails with "maximum
+/// concurrent limit of 1 for fibers reached".
+///
+/// # Errors
+///
+/// When the engine cannot be created.
+pub fn worker_backend(cache_dir: &Path) -> Result<WasmBackend, String> {
+    WasmBackend::builder()
+        .cache_dir(Some(cache_dir.to_owned()))
+        .max_instances(2)
+        .build()
+}
+
 /// The worker's report of the guest's output is untrusted: text over the cap (plus room for
 /// the cut marker) is cut again here.
+#[cfg(unix)]
 fn recap(text: String, cap: u64) -> (String, bool) {
+    use crate::capture::CapturePipe;
+
     const MARKER_ROOM: u64 = 64;
     if (text.len() as u64) <= cap.saturating_add(MARKER_ROOM) {
         return (text, false);
@@ -363,6 +401,7 @@ mod tests {
         );
     }
 
+    #[cfg(unix)]
     #[test]
     fn reported_output_over_the_cap_is_cut_again() {
         let (text, cut) = recap("x".repeat(10_000), 100);

@@ -91,11 +91,8 @@ impl NativeSandbox for LocalBackend {
     }
 
     fn command(&self, run: &NativeRun<'_>) -> Result<SandboxCommand, String> {
-        use std::os::unix::fs::DirBuilderExt;
         let work = run.host_dir.join(WORK_DIR);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&work)
+        super::sys::create_private_dir(&work)
             .map_err(|e| format!("creating the working directory: {e}"))?;
         Ok(SandboxCommand {
             argv: self.render(run.limits, run.host_dir, Some(process_allowance())),

@@ -3,26 +3,25 @@
 //! broker's socket, the sandbox's command line, the process tree's containment, and the one
 //! classifier.
 
+// Off Unix the run path below is compiled out; what it shares with the backends stays, for
+// their renderers and tests.
+#![cfg_attr(not(unix), allow(dead_code))]
+
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Instant, SystemTime};
 
 use serde_json::{Value, json};
 
 use super::cgroup::{self, RunCgroup};
-use super::classify::{self, Evidence, Exit, Reporter};
-use super::docker;
-use super::guest_files;
+use super::container::Container;
 use super::rlimits::MAX_PROCESSES;
-use super::run_dir::{RunDir, SOCKET_NAME};
-use super::server::SocketServer;
-use super::spawn::{self, Container, Containment, Ended, SpawnSpec};
 use super::token::random_hex;
 use crate::backend::Job;
-use crate::broker::Broker;
 use crate::policy::Binding;
-use crate::{ErrorKind, RunError, RunResult};
+use crate::{ErrorKind, RunError};
+
+/// The broker socket's file name inside a run directory.
+pub const SOCKET_NAME: &str = "broker.sock";
 
 /// Where the run directory appears inside a sandbox that mounts it.
 pub const GUEST_MOUNT: &str = "/run/pycage";
@@ -59,6 +58,8 @@ pub(crate) struct SandboxCommand {
 }
 
 /// What a sandbox contributes to a native run.
+// Off Unix only `name` and `preflight` are called: runs fail before a command is built.
+#[cfg_attr(not(unix), allow(dead_code))]
 pub(crate) trait NativeSandbox: Send + Sync {
     /// The backend's name.
     fn name(&self) -> &'static str;
@@ -128,140 +129,192 @@ fn bindings_for(tools: &[Binding]) -> Vec<[&str; 3]> {
         .collect()
 }
 
-/// Runs a job's native guest in `sandbox`.
-pub(crate) async fn run(sandbox: &dyn NativeSandbox, job: Job, broker: Arc<Broker>) -> RunResult {
-    let started = Instant::now();
-    let started_at = SystemTime::now();
-    let name = sandbox.name();
-    let fail = |error| RunResult::failed(name, error, started.elapsed());
-    if job.limits.fuel().is_some() {
-        return fail(fuel_refused(name));
-    }
-    if let Err(why) = sandbox.preflight() {
-        return fail(backend_failure("the sandbox cannot run here", why));
-    }
-    let limits = job.limits.clone();
-    let dir = match RunDir::create() {
-        Ok(dir) => dir,
-        Err(e) => return fail(backend_failure("the run directory could not be created", e)),
+/// Runs a job's native guest in `sandbox`: off Unix, a `backend_error` saying why (these
+/// sandboxes reach the broker over a Unix socket).
+#[cfg(not(unix))]
+pub(crate) async fn run(
+    sandbox: &dyn NativeSandbox,
+    _job: Job,
+    _broker: std::sync::Arc<crate::Broker>,
+) -> crate::RunResult {
+    let why = sandbox
+        .preflight()
+        .err()
+        .unwrap_or_else(|| "its broker transport needs a Unix host".into());
+    crate::RunResult::failed(
+        sandbox.name(),
+        RunError::new(
+            ErrorKind::BackendError,
+            format!("the `{}` backend cannot run here: {why}", sandbox.name()),
+        ),
+        std::time::Duration::ZERO,
+    )
+}
+
+#[cfg(unix)]
+pub(crate) use unix::run;
+
+#[cfg(unix)]
+mod unix {
+    use std::sync::Arc;
+    use std::time::{Instant, SystemTime};
+
+    use serde_json::{Value, json};
+
+    use super::super::cgroup::{self, RunCgroup};
+    use super::super::classify::{self, Evidence, Exit, Reporter};
+    use super::super::container;
+    use super::super::guest_files;
+    use super::super::run_dir::RunDir;
+    use super::super::server::SocketServer;
+    use super::super::spawn::{self, Containment, Ended, SpawnSpec};
+    use super::{
+        NativeRun, NativeSandbox, SOCKET_NAME, backend_failure, fuel_refused, request_json,
+        run_cgroup, run_tag,
     };
-    for (file, text) in guest_files::ALL {
-        if let Err(e) = dir.write_file(file, text.as_bytes()) {
-            return fail(backend_failure("the guest's files could not be written", e));
+    use crate::backend::Job;
+    use crate::broker::Broker;
+    use crate::{ErrorKind, RunResult};
+
+    /// Runs a job's native guest in `sandbox`.
+    pub(crate) async fn run(
+        sandbox: &dyn NativeSandbox,
+        job: Job,
+        broker: Arc<Broker>,
+    ) -> RunResult {
+        let started = Instant::now();
+        let started_at = SystemTime::now();
+        let name = sandbox.name();
+        let fail = |error| RunResult::failed(name, error, started.elapsed());
+        if job.limits.fuel().is_some() {
+            return fail(fuel_refused(name));
         }
-    }
-    let host_dir = dir.path().to_owned();
-    let guest_socket = sandbox.guest_dir(&host_dir).join(SOCKET_NAME);
-    let Some(guest_socket) = guest_socket.to_str().map(str::to_owned) else {
-        return fail(backend_failure(
-            "the run directory's path is not text",
-            host_dir.display(),
-        ));
-    };
-    let server = match SocketServer::start(dir, broker.clone(), &limits) {
-        Ok(server) => server,
-        Err(e) => {
+        if let Err(why) = sandbox.preflight() {
+            return fail(backend_failure("the sandbox cannot run here", why));
+        }
+        let limits = job.limits.clone();
+        let dir = match RunDir::create() {
+            Ok(dir) => dir,
+            Err(e) => return fail(backend_failure("the run directory could not be created", e)),
+        };
+        for (file, text) in guest_files::ALL {
+            if let Err(e) = dir.write_file(file, text.as_bytes()) {
+                return fail(backend_failure("the guest's files could not be written", e));
+            }
+        }
+        let host_dir = dir.path().to_owned();
+        let guest_socket = sandbox.guest_dir(&host_dir).join(SOCKET_NAME);
+        let Some(guest_socket) = guest_socket.to_str().map(str::to_owned) else {
             return fail(backend_failure(
-                "the broker's socket could not be opened",
-                e,
+                "the run directory's path is not text",
+                host_dir.display(),
             ));
-        }
-    };
-    let tag = match run_tag() {
-        Ok(tag) => tag,
-        Err(e) => return fail(e),
-    };
-    let cgroup = if sandbox.uses_cgroup() {
-        match run_cgroup(&tag, limits.memory_bytes()) {
-            Ok(cg) => cg,
+        };
+        let server = match SocketServer::start(dir, broker.clone(), &limits) {
+            Ok(server) => server,
+            Err(e) => {
+                return fail(backend_failure(
+                    "the broker's socket could not be opened",
+                    e,
+                ));
+            }
+        };
+        let tag = match run_tag() {
+            Ok(tag) => tag,
             Err(e) => return fail(e),
+        };
+        let cgroup = if sandbox.uses_cgroup() {
+            match run_cgroup(&tag, limits.memory_bytes()) {
+                Ok(cg) => cg,
+                Err(e) => return fail(e),
+            }
+        } else {
+            None
+        };
+        let run = NativeRun {
+            limits: &limits,
+            host_dir: &host_dir,
+            tag: &tag,
+        };
+        let command = match sandbox.command(&run) {
+            Ok(c) => c,
+            Err(e) => {
+                return fail(backend_failure(
+                    "the sandbox's command could not be built",
+                    e,
+                ));
+            }
+        };
+        let argv = match &cgroup {
+            Some(cg) => cgroup::wrap(cg.procs_files(), command.argv),
+            None => command.argv,
+        };
+        let header = json!({
+            "socket": guest_socket,
+            "token": server.token().as_str(),
+            "request_json": request_json(&job),
+            "max_args_bytes": limits.max_tool_args_bytes(),
+        });
+        let mut stdin = header.to_string().into_bytes();
+        stdin.push(b'\n');
+        stdin.extend_from_slice(job.code.as_bytes());
+        let spec = SpawnSpec {
+            argv,
+            env: command.env,
+            cwd: command.cwd,
+            stdin,
+            output_cap: limits.max_output_bytes(),
+            deadline: started + limits.wall_timeout(),
+        };
+        let contain = Containment {
+            cgroup: cgroup.as_ref(),
+            container: command.container.as_ref(),
+        };
+        let spawned = spawn::run(spec, contain).await;
+        let mut evidence = Evidence {
+            oom_killed: cgroup.as_ref().is_some_and(RunCgroup::oom_killed),
+        };
+        if let Some(cg) = cgroup {
+            cg.finish().await;
         }
-    } else {
-        None
-    };
-    let run = NativeRun {
-        limits: &limits,
-        host_dir: &host_dir,
-        tag: &tag,
-    };
-    let command = match sandbox.command(&run) {
-        Ok(c) => c,
-        Err(e) => {
-            return fail(backend_failure(
-                "the sandbox's command could not be built",
-                e,
-            ));
+        let outcome = server.take_outcome();
+        drop(server);
+        let spawned = match spawned {
+            Ok(s) => s,
+            Err(e) => return fail(backend_failure("the sandbox could not be started", e)),
+        };
+        let exit = match spawned.ended {
+            Ended::TimedOut => Exit::TimedOut,
+            Ended::Exited(status) => classify::exit_of(status, command.container.is_some()),
+        };
+        // A container killed by SIGKILL: the engine's memory cap, if Docker says so.
+        if let (Some(container), Exit::Signal(9)) = (&command.container, exit) {
+            evidence.oom_killed |= container::oom_event(container, started_at).await;
         }
-    };
-    let argv = match &cgroup {
-        Some(cg) => cgroup::wrap(cg.procs_files(), command.argv),
-        None => command.argv,
-    };
-    let header = json!({
-        "socket": guest_socket,
-        "token": server.token().as_str(),
-        "request_json": request_json(&job),
-        "max_args_bytes": limits.max_tool_args_bytes(),
-    });
-    let mut stdin = header.to_string().into_bytes();
-    stdin.push(b'\n');
-    stdin.extend_from_slice(job.code.as_bytes());
-    let spec = SpawnSpec {
-        argv,
-        env: command.env,
-        cwd: command.cwd,
-        stdin,
-        output_cap: limits.max_output_bytes(),
-        deadline: started + limits.wall_timeout(),
-    };
-    let contain = Containment {
-        cgroup: cgroup.as_ref(),
-        container: command.container.as_ref(),
-    };
-    let spawned = spawn::run(spec, contain).await;
-    let mut evidence = Evidence {
-        oom_killed: cgroup.as_ref().is_some_and(RunCgroup::oom_killed),
-    };
-    if let Some(cg) = cgroup {
-        cg.finish().await;
-    }
-    let outcome = server.take_outcome();
-    drop(server);
-    let spawned = match spawned {
-        Ok(s) => s,
-        Err(e) => return fail(backend_failure("the sandbox could not be started", e)),
-    };
-    let exit = match spawned.ended {
-        Ended::TimedOut => Exit::TimedOut,
-        Ended::Exited(status) => classify::exit_of(status, command.container.is_some()),
-    };
-    // A container killed by SIGKILL: the engine's memory cap, if Docker says so.
-    if let (Some(container), Exit::Signal(9)) = (&command.container, exit) {
-        evidence.oom_killed |= docker::oom_event(container, started_at).await;
-    }
-    let value = classify::classify(
-        outcome,
-        exit,
-        evidence,
-        Reporter::Guest,
-        limits.max_value_bytes(),
-    );
-    let (ok, value, error) = match value {
-        Ok(v) => (true, v, None),
-        Err(e) => (false, Value::Null, Some(e)),
-    };
-    RunResult {
-        ok,
-        value,
-        stdout: spawned.stdout.text,
-        stderr: spawned.stderr.text,
-        stdout_truncated: spawned.stdout.truncated,
-        stderr_truncated: spawned.stderr.truncated,
-        timed_out: error.as_ref().is_some_and(|e| e.kind == ErrorKind::Timeout),
-        error,
-        tool_calls: broker.executed(),
-        fuel_consumed: None,
-        duration: started.elapsed(),
-        backend: name.to_owned(),
+        let value = classify::classify(
+            outcome,
+            exit,
+            evidence,
+            Reporter::Guest,
+            limits.max_value_bytes(),
+        );
+        let (ok, value, error) = match value {
+            Ok(v) => (true, v, None),
+            Err(e) => (false, Value::Null, Some(e)),
+        };
+        RunResult {
+            ok,
+            value,
+            stdout: spawned.stdout.text,
+            stderr: spawned.stderr.text,
+            stdout_truncated: spawned.stdout.truncated,
+            stderr_truncated: spawned.stderr.truncated,
+            timed_out: error.as_ref().is_some_and(|e| e.kind == ErrorKind::Timeout),
+            error,
+            tool_calls: broker.executed(),
+            fuel_consumed: None,
+            duration: started.elapsed(),
+            backend: name.to_owned(),
+        }
     }
 }

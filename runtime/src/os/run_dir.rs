@@ -5,14 +5,12 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use super::native::SOCKET_NAME;
 use super::token::random_hex;
 
 /// The environment variable naming the per-user runtime directory, preferred for run
 /// directories.
 pub const ENV_XDG_RUNTIME_DIR: &str = "XDG_RUNTIME_DIR";
-
-/// The socket's file name inside a run directory.
-pub const SOCKET_NAME: &str = "broker.sock";
 
 /// The longest socket path the platform's `sockaddr_un` holds (with its terminating NUL).
 const MAX_SOCKET_PATH: usize = 107;

@@ -20,12 +20,12 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::native::SOCKET_NAME;
 use super::native::{
     self, DEFAULT_INTERPRETER, GUEST_ENV, INTERPRETER_FLAGS, NativeRun, NativeSandbox,
     SandboxCommand,
 };
 use super::rlimits::{MAX_OPEN_FILES, Rlimits};
-use super::run_dir::SOCKET_NAME;
 use crate::Limits;
 use crate::backend::{Availability, Backend, Job, RunFuture};
 use crate::broker::Broker;

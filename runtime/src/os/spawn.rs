@@ -10,6 +10,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use super::cgroup::RunCgroup;
+use super::container::{Container, ContainerGuard, remove_container};
 use crate::capture::{CapturePipe, Captured};
 
 /// How long output is still drained after the tree is gone (a descendant that escaped every
@@ -40,17 +41,6 @@ pub(crate) struct Containment<'a> {
     pub cgroup: Option<&'a RunCgroup>,
     /// A Docker container.
     pub container: Option<&'a Container>,
-}
-
-/// A run's container, and how to reach the engine that runs it.
-#[derive(Debug, Clone)]
-pub(crate) struct Container {
-    /// The container's name.
-    pub name: String,
-    /// The `docker` client's absolute path.
-    pub docker: PathBuf,
-    /// The client's environment (where the engine is: `DOCKER_HOST`, ...).
-    pub env: Vec<(String, String)>,
 }
 
 /// How the process ended.
@@ -167,39 +157,6 @@ async fn kill_tree(group: Option<i32>, contain: &Containment<'_>, ended: Ended) 
             .map_or(true, |s| s.is_err())
         {
             tracing::error!("pycage: a sandbox container could not be removed");
-        }
-    }
-}
-
-/// `docker rm --force` for the run's container, silent, in the container's environment.
-fn remove_container(c: &Container) -> std::process::Command {
-    let mut rm = std::process::Command::new(&c.docker);
-    rm.args(["rm", "--force", c.name.as_str()])
-        .env_clear()
-        .envs(c.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    rm
-}
-
-/// Removes a run's container if the run is dropped before its end (a cancelled future).
-struct ContainerGuard<'a>(Option<&'a Container>);
-
-impl Drop for ContainerGuard<'_> {
-    fn drop(&mut self) {
-        let Some(c) = self.0 else {
-            return;
-        };
-        let spawned = remove_container(c).spawn();
-        match spawned {
-            // Reaped on a thread of its own: a destructor must not block.
-            Ok(mut child) => {
-                std::thread::spawn(move || child.wait());
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "pycage: a sandbox container could not be removed")
-            }
         }
     }
 }

@@ -22,7 +22,6 @@ use super::protocol::{self, FRAME_SLACK_BYTES, Outcome, Response, WireErrorKind,
 use crate::backend::Job;
 use crate::broker::{CallError, GateFuture, ToolGate};
 use crate::policy::Binding;
-use crate::wasm::WasmBackend;
 use crate::{ErrorKind, Limits, RunError};
 
 /// The most bytes of request the worker reads on stdin (the code's cap is 4 GiB at most;
@@ -77,23 +76,6 @@ impl From<WorkerJob> for Job {
     }
 }
 
-/// The wasm backend a worker uses, and that the host prepares the artifact with: the same
-/// engine configuration on both sides, so the cached artifact fits.
-///
-/// A worker runs one guest, but reserves pooling slots for two: with one, a guest that calls
-/// a denied capability (`socket.getaddrinfo`) needs a second fiber and fails with "maximum
-/// concurrent limit of 1 for fibers reached".
-///
-/// # Errors
-///
-/// When the engine cannot be created.
-pub fn worker_backend(cache_dir: &Path) -> Result<WasmBackend, String> {
-    WasmBackend::builder()
-        .cache_dir(Some(cache_dir.to_owned()))
-        .max_instances(2)
-        .build()
-}
-
 /// Runs one worker: reads the request from `input`, runs the job, reports over the socket.
 /// Returns the process's exit status (0 when the result was delivered).
 pub async fn serve(input: impl Read, cache_dir: &Path) -> i32 {
@@ -123,7 +105,7 @@ pub async fn serve(input: impl Read, cache_dir: &Path) -> i32 {
     };
     let limits = request.job.limits.clone();
     let gate = Arc::new(SocketGate::new(stream, request.token, &limits));
-    let result = match worker_backend(cache_dir) {
+    let result = match super::layered::worker_backend(cache_dir) {
         Ok(backend) if backend.is_cached() => {
             backend.run_gated(request.job.into(), gate.clone()).await
         }
