@@ -19,6 +19,8 @@ struct ToolEntry {
     description: String,
     command: Vec<String>,
     timeout: Option<String>,
+    #[serde(default)]
+    expose_stderr: bool,
     parameters: Option<toml::Value>,
 }
 
@@ -146,7 +148,10 @@ fn build_tool(table: toml::Table, base: Option<&Path>) -> Result<CommandTool, St
     let argv = resolve_program(entry.command, base)?;
     let tool = CommandTool::new(entry.namespace, entry.name, entry.description, argv)
         .map_err(|_| "`command` must be a non-empty list whose first item names a program")?;
-    Ok(tool.with_timeout(timeout).with_parameters(parameters))
+    Ok(tool
+        .with_timeout(timeout)
+        .with_parameters(parameters)
+        .with_expose_stderr(entry.expose_stderr))
 }
 
 fn parse_timeout(text: &str) -> Result<Duration, String> {
