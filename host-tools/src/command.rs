@@ -35,7 +35,8 @@
 //! parameters = { type = "object", properties = { text = { type = "string" } } }
 //! ```
 //!
-//! Unknown keys are errors. See [`load_file`] and [`parse_toml`].
+//! Unknown keys are errors. An error names the tool it is in and, where toml gives one, its
+//! line and column. See [`load_file`] and [`parse_toml`].
 
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;

@@ -247,6 +247,61 @@ fn unknown_top_level_key_is_named() {
 }
 
 #[test]
+fn errors_inside_a_tool_give_its_position() {
+    let text = FULL.replace("timeout = \"1.5s\"", "timout = \"1.5s\"");
+    let message = config_error(parse_toml(&text, "tools.toml"));
+    assert!(
+        message.starts_with(
+            "tools.toml: line 7, column 1: tool #1 (`count_words`): unknown field `timout`"
+        ),
+        "{message}"
+    );
+    let text = FULL.replace("\"1.5s\"", "\"soon\"");
+    let message = config_error(parse_toml(&text, "tools.toml"));
+    assert!(
+        message.starts_with("tools.toml: line 7, column 11: tool #1 (`count_words`): `timeout`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_top_level_table_after_the_tools_is_not_blamed_on_the_last_tool() {
+    for (extra, key) in [("[extra]\nx = 1\n", "extra"), ("[[more]]\nx = 1\n", "more")] {
+        let message = config_error(parse_toml(&format!("{FULL}{extra}"), "tools.toml"));
+        assert!(message.contains("line 15, column "), "{extra}: {message}");
+        assert!(
+            message.contains(&format!("unknown top-level key `{key}`")),
+            "{extra}: {message}"
+        );
+        assert!(!message.contains("tool #"), "{extra}: {message}");
+    }
+}
+
+#[test]
+fn an_unknown_sub_table_in_a_tool_names_that_tool() {
+    let message = config_error(parse_toml(
+        &format!("{FULL}[tool.env]\nx = 1\n"),
+        "tools.toml",
+    ));
+    assert!(message.contains("tool #2 (`now`)"), "{message}");
+    assert!(message.contains("`env`"), "{message}");
+}
+
+#[test]
+fn tools_may_be_inline_tables() {
+    let one = r#"{ name = "a", namespace = "n", description = "d", command = ["true"] }"#;
+    let registry = parse_toml(&format!("tool = [{one}]\n"), "tools.toml").expect("valid");
+    assert!(registry.get("n", "a").is_some());
+    let two = r#"{ name = "b", namespace = "n", description = "d", command = ["true"], env = 1 }"#;
+    let message = config_error(parse_toml(
+        &format!("tool = [{one}, {two}]\n"),
+        "tools.toml",
+    ));
+    assert!(message.contains("tool #2 (`b`)"), "{message}");
+    assert!(message.contains("`env`"), "{message}");
+}
+
+#[test]
 fn tool_must_be_an_array_of_tables() {
     for text in ["[tool]\nname = \"x\"\n", "tool = 5\n", "tool = [1, 2]\n"] {
         let message = config_error(parse_toml(text, "tools.toml"));
