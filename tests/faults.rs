@@ -53,6 +53,13 @@ name = "exits"
 namespace = "bad"
 description = "fails with a message"
 command = ["/bin/sh", "-c", "echo 'first line' >&2; echo 'the tool broke' >&2; exit 3"]
+expose_stderr = true
+
+[[tool]]
+name = "leaks"
+namespace = "bad"
+description = "fails with a host path on stderr"
+command = ["/bin/sh", "-c", "echo '/home/secret/x: permission denied' >&2; exit 3"]
 "#;
     r.extend(pycage_tools::command::parse_toml(toml, "faults.toml").unwrap())
         .unwrap();
@@ -124,6 +131,15 @@ async fn a_command_tool_exiting_non_zero_reports_its_last_stderr_line() {
     assert_eq!(
         (kind.as_str(), message.as_str()),
         ("failed", "the tool broke")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_tool_exiting_non_zero_keeps_its_stderr_from_the_guest_by_default() {
+    let (kind, message) = tool_error("leaks").await;
+    assert_eq!(
+        (kind.as_str(), message.as_str()),
+        ("failed", "tool exited with status 3")
     );
 }
 

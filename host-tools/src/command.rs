@@ -2,8 +2,11 @@
 //!
 //! A call spawns the command directly (never through a shell) with the JSON arguments object
 //! and a newline on its stdin, then closes stdin. On exit status 0 the command's stdout is
-//! parsed as JSON and becomes the result. Otherwise the last non-empty line of its stderr
-//! becomes the error message.
+//! parsed as JSON and becomes the result. Otherwise the call fails with a fixed message that
+//! gives only the exit status or the signal (`tool exited with status 3`, `tool was killed by
+//! signal 9`), and the last non-empty line of the command's stderr goes to the host's log
+//! (`tracing`, at `warn`, with the tool's qualified name; never the arguments). A tool declared
+//! with `expose_stderr` shows that line to the guest instead of the status.
 //!
 //! # Security
 //!
@@ -14,6 +17,11 @@
 //! buffer unbounded output; the call's time limit kills the command's whole process group
 //! (on Unix) and reaps it.
 //!
+//! Stderr is the command's own diagnostics and can name host paths, hosts or credentials, so
+//! the guest sees none of it by default. Set `expose_stderr` only for a command whose stderr is
+//! written for the guest: the guest then reads its last line (trimmed, without control
+//! characters, at most 500 characters).
+//!
 //! # File format
 //!
 //! ```toml
@@ -23,10 +31,12 @@
 //! description = "Counts words."  # required
 //! command = ["./wc.py", "--json"] # required argv; see below for relative paths
 //! timeout = "10s"                # optional; default 30s, must be > 0
+//! expose_stderr = true           # optional; default false: the guest sees the exit status only
 //! parameters = { type = "object", properties = { text = { type = "string" } } }
 //! ```
 //!
-//! Unknown keys are errors. See [`load_file`] and [`parse_toml`].
+//! Unknown keys are errors. An error names the tool it is in and, where toml gives one, its
+//! line and column. See [`load_file`] and [`parse_toml`].
 
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -51,7 +61,7 @@ pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 16 << 20;
 /// How much of a command's stderr is kept by default (the tail): 64 KiB.
 pub const DEFAULT_MAX_STDERR_BYTES: usize = 64 << 10;
 
-/// The longest error message taken from a command's stderr, in characters.
+/// The longest stderr line kept (for the host's log and, when exposed, the guest), in characters.
 const MAX_ERROR_CHARS: usize = 500;
 
 /// Size of the buffer output is read through.
@@ -61,8 +71,9 @@ const READ_CHUNK: usize = 8 << 10;
 ///
 /// Built with [`CommandTool::new`] and the `with_*` setters, or loaded from TOML with
 /// [`load_file`] / [`parse_toml`]. Defaults: no arguments schema beyond `{"type": "object"}`,
-/// a [`DEFAULT_TIMEOUT`] time limit, a [`DEFAULT_MAX_OUTPUT_BYTES`] stdout cap and a
-/// [`DEFAULT_MAX_STDERR_BYTES`] stderr tail.
+/// a [`DEFAULT_TIMEOUT`] time limit, a [`DEFAULT_MAX_OUTPUT_BYTES`] stdout cap, a
+/// [`DEFAULT_MAX_STDERR_BYTES`] stderr tail, and stderr kept from the guest (see
+/// [`CommandTool::with_expose_stderr`]).
 ///
 /// ```
 /// use std::time::Duration;
@@ -84,6 +95,7 @@ pub struct CommandTool {
     timeout: Duration,
     max_output_bytes: usize,
     max_stderr_bytes: usize,
+    expose_stderr: bool,
 }
 
 impl CommandTool {
@@ -114,6 +126,7 @@ impl CommandTool {
             timeout: DEFAULT_TIMEOUT,
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
             max_stderr_bytes: DEFAULT_MAX_STDERR_BYTES,
+            expose_stderr: false,
         })
     }
 
@@ -145,6 +158,20 @@ impl CommandTool {
         self
     }
 
+    /// Sets whether a failed call shows the guest the last line of the command's stderr
+    /// (`true`) or only its exit status or signal (`false`, the default). Either way the line
+    /// is logged on the host.
+    ///
+    /// # Security
+    ///
+    /// The guest is untrusted: turn this on only for a command whose stderr is meant for it
+    /// and never names host paths, hosts, credentials or other host details.
+    #[must_use]
+    pub fn with_expose_stderr(mut self, expose: bool) -> Self {
+        self.expose_stderr = expose;
+        self
+    }
+
     /// The command line: program, then arguments.
     pub fn argv(&self) -> &[String] {
         &self.argv
@@ -160,6 +187,11 @@ impl CommandTool {
         self.max_stderr_bytes
     }
 
+    /// Whether the guest sees the last line of stderr when a call fails.
+    pub fn expose_stderr(&self) -> bool {
+        self.expose_stderr
+    }
+
     async fn run(&self, args: Args) -> Result<Value, ToolError> {
         let mut input = serde_json::to_vec(&Value::Object(args))
             .map_err(|_| ToolError::Failed("tool arguments could not be encoded".into()))?;
@@ -171,7 +203,7 @@ impl CommandTool {
         )
         .await;
         match exchanged {
-            Ok(Ok(output)) => output.into_result(),
+            Ok(Ok(output)) => output.into_result(self),
             Ok(Err(err)) => {
                 process.kill().await;
                 Err(err)
@@ -312,25 +344,33 @@ impl Drop for Process {
 }
 
 impl Output {
-    fn into_result(self) -> Result<Value, ToolError> {
+    fn into_result(self, tool: &CommandTool) -> Result<Value, ToolError> {
         if self.status.success() {
-            crate::json::parse(&self.stdout, crate::json::MAX_DEPTH).map_err(|e| match e {
+            return crate::json::parse(&self.stdout, crate::json::MAX_DEPTH).map_err(|e| match e {
                 crate::json::JsonError::Syntax => {
                     ToolError::Failed("tool returned invalid JSON".into())
                 }
                 other => ToolError::Failed(format!("in the tool's result, {other}")),
-            })
-        } else {
-            Err(ToolError::Failed(failure_message(
-                self.status,
-                &self.stderr,
-            )))
+            });
         }
+        let line = last_line(&self.stderr);
+        tracing::warn!(
+            tool = %format_args!("{}.{}", tool.namespace, tool.name),
+            status = %self.status,
+            stderr = line.as_deref().unwrap_or(""),
+            "command tool failed"
+        );
+        Err(ToolError::Failed(failure_message(
+            self.status,
+            line.filter(|_| tool.expose_stderr),
+        )))
     }
 }
 
-/// The message for a command that did not exit with status 0.
-fn failure_message(status: ExitStatus, stderr: &[u8]) -> String {
+/// The guest's message for a command that did not exit with status 0: the signal that
+/// killed it, else `stderr_line` (the last stderr line, given only when the tool exposes
+/// it), else the exit status.
+fn failure_message(status: ExitStatus, stderr_line: Option<String>) -> String {
     #[cfg(unix)]
     {
         use std::os::unix::process::ExitStatusExt;
@@ -338,7 +378,7 @@ fn failure_message(status: ExitStatus, stderr: &[u8]) -> String {
             return format!("tool was killed by signal {signal}");
         }
     }
-    if let Some(line) = last_line(stderr) {
+    if let Some(line) = stderr_line {
         return line;
     }
     match status.code() {

@@ -33,6 +33,45 @@ impl Drop for TempDir {
     }
 }
 
+/// Every `tracing` event of this test binary, formatted. One global subscriber rather than a
+/// scoped one per test: tracing caches each callsite's interest and the maximum level
+/// globally, and with a scoped subscriber the event was lost when other tests' threads
+/// registered callsites at the same time (seen running the whole suite).
+fn captured_log() -> &'static CapturedLog {
+    static LOG: std::sync::OnceLock<CapturedLog> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let log = CapturedLog::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+        log
+    })
+}
+
+/// A shared buffer that formatted `tracing` events are written into.
+#[derive(Clone, Default)]
+struct CapturedLog(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl CapturedLog {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log lock")).into_owned()
+    }
+}
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn config_error(result: Result<ToolRegistry, RegistryError>) -> String {
     match result {
         Err(RegistryError::Config(message)) => message,
@@ -208,6 +247,61 @@ fn unknown_top_level_key_is_named() {
 }
 
 #[test]
+fn errors_inside_a_tool_give_its_position() {
+    let text = FULL.replace("timeout = \"1.5s\"", "timout = \"1.5s\"");
+    let message = config_error(parse_toml(&text, "tools.toml"));
+    assert!(
+        message.starts_with(
+            "tools.toml: line 7, column 1: tool #1 (`count_words`): unknown field `timout`"
+        ),
+        "{message}"
+    );
+    let text = FULL.replace("\"1.5s\"", "\"soon\"");
+    let message = config_error(parse_toml(&text, "tools.toml"));
+    assert!(
+        message.starts_with("tools.toml: line 7, column 11: tool #1 (`count_words`): `timeout`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_top_level_table_after_the_tools_is_not_blamed_on_the_last_tool() {
+    for (extra, key) in [("[extra]\nx = 1\n", "extra"), ("[[more]]\nx = 1\n", "more")] {
+        let message = config_error(parse_toml(&format!("{FULL}{extra}"), "tools.toml"));
+        assert!(message.contains("line 15, column "), "{extra}: {message}");
+        assert!(
+            message.contains(&format!("unknown top-level key `{key}`")),
+            "{extra}: {message}"
+        );
+        assert!(!message.contains("tool #"), "{extra}: {message}");
+    }
+}
+
+#[test]
+fn an_unknown_sub_table_in_a_tool_names_that_tool() {
+    let message = config_error(parse_toml(
+        &format!("{FULL}[tool.env]\nx = 1\n"),
+        "tools.toml",
+    ));
+    assert!(message.contains("tool #2 (`now`)"), "{message}");
+    assert!(message.contains("`env`"), "{message}");
+}
+
+#[test]
+fn tools_may_be_inline_tables() {
+    let one = r#"{ name = "a", namespace = "n", description = "d", command = ["true"] }"#;
+    let registry = parse_toml(&format!("tool = [{one}]\n"), "tools.toml").expect("valid");
+    assert!(registry.get("n", "a").is_some());
+    let two = r#"{ name = "b", namespace = "n", description = "d", command = ["true"], env = 1 }"#;
+    let message = config_error(parse_toml(
+        &format!("tool = [{one}, {two}]\n"),
+        "tools.toml",
+    ));
+    assert!(message.contains("tool #2 (`b`)"), "{message}");
+    assert!(message.contains("`env`"), "{message}");
+}
+
+#[test]
 fn tool_must_be_an_array_of_tables() {
     for text in ["[tool]\nname = \"x\"\n", "tool = 5\n", "tool = [1, 2]\n"] {
         let message = config_error(parse_toml(text, "tools.toml"));
@@ -288,6 +382,28 @@ fn parameters_must_describe_an_object() {
     let text = format!("{FULL}parameters = {{ type = \"object\", default = nan }}\n");
     let message = config_error(parse_toml(&text, "tools.toml"));
     assert!(message.contains("not a JSON number"), "{message}");
+}
+
+#[tokio::test]
+async fn expose_stderr_is_read_from_the_file() {
+    let tool = |extra: &str| {
+        format!(
+            "[[tool]]\nname = \"t\"\nnamespace = \"n\"\ndescription = \"d\"\n\
+             command = [\"/bin/sh\", \"-c\", \"echo 'the reason' >&2; exit 4\"]\n{extra}"
+        )
+    };
+    for (extra, expected) in [
+        ("", "tool exited with status 4"),
+        ("expose_stderr = false\n", "tool exited with status 4"),
+        ("expose_stderr = true\n", "the reason"),
+    ] {
+        let registry = parse_toml(&tool(extra), "tools.toml").expect("valid file");
+        let t = registry.get("n", "t").expect("tool");
+        assert_eq!(t.call(Args::new()).await, failed(expected), "{extra:?}");
+    }
+    let message = config_error(parse_toml(&tool("expose_stderr = \"yes\"\n"), "tools.toml"));
+    assert!(message.contains("tool #1 (`t`)"), "{message}");
+    assert!(message.contains("invalid type"), "{message}");
 }
 
 #[test]
@@ -435,8 +551,20 @@ async fn runs_a_python_tool_found_on_path() {
 }
 
 #[tokio::test]
-async fn nonzero_exit_reports_the_last_stderr_line() {
-    let tool = sh("echo first >&2; echo '  the real reason  ' >&2; printf '\\n \\n' >&2; exit 3");
+async fn nonzero_exit_hides_stderr_from_the_guest_by_default() {
+    let tool = sh("echo '/home/secret/x: permission denied' >&2; exit 3");
+    assert!(!tool.expose_stderr());
+    assert_eq!(
+        tool.call(Args::new()).await,
+        failed("tool exited with status 3")
+    );
+}
+
+#[tokio::test]
+async fn nonzero_exit_reports_the_last_stderr_line_when_exposed() {
+    let tool = sh("echo first >&2; echo '  the real reason  ' >&2; printf '\\n \\n' >&2; exit 3")
+        .with_expose_stderr(true);
+    assert!(tool.expose_stderr());
     assert_eq!(tool.call(Args::new()).await, failed("the real reason"));
 }
 
@@ -447,12 +575,46 @@ async fn nonzero_exit_without_stderr_reports_the_status() {
         tool.call(Args::new()).await,
         failed("tool exited with status 7")
     );
+    let tool = sh("echo '{}'; exit 7").with_expose_stderr(true);
+    assert_eq!(
+        tool.call(Args::new()).await,
+        failed("tool exited with status 7")
+    );
+}
+
+#[tokio::test]
+async fn hidden_stderr_goes_to_the_host_log_without_the_arguments() {
+    let log = captured_log();
+    let tool = CommandTool::new(
+        "logs",
+        "hidden_stderr",
+        "d",
+        vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "cat >/dev/null; echo early >&2; echo '/home/secret/x: no such file' >&2; exit 3"
+                .into(),
+        ],
+    )
+    .expect("valid");
+    let result = tool.call(args(json!({"password": "hunter2"}))).await;
+    assert_eq!(result, failed("tool exited with status 3"));
+    let text = log.text();
+    let line = text
+        .lines()
+        .find(|line| line.contains("tool=logs.hidden_stderr"))
+        .unwrap_or_else(|| panic!("no log line for the tool in:\n{text}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("/home/secret/x: no such file"), "{line}");
+    assert!(!line.contains("early"), "{line}");
+    assert!(!text.contains("hunter2"), "{text}");
 }
 
 #[tokio::test]
 async fn stderr_message_is_bounded_and_clean() {
     // A long last line is cut at 500 characters; control characters are dropped.
-    let tool = sh("printf 'early\\n' >&2; printf '\\033[31mé%.0s' $(seq 1 600) >&2; exit 1");
+    let tool = sh("printf 'early\\n' >&2; printf '\\033[31mé%.0s' $(seq 1 600) >&2; exit 1")
+        .with_expose_stderr(true);
     let err = tool.call(Args::new()).await.unwrap_err();
     let ToolError::Failed(message) = err else {
         panic!("expected Failed, got {err:?}");
@@ -470,7 +632,8 @@ async fn huge_stderr_keeps_only_its_tail() {
     let tool = sh(
         "head -c 1000000 /dev/zero | tr '\\0' 'x' >&2; echo >&2; echo 'final words' >&2; exit 1",
     )
-    .with_max_stderr_bytes(1024);
+    .with_max_stderr_bytes(1024)
+    .with_expose_stderr(true);
     assert_eq!(tool.call(Args::new()).await, failed("final words"));
 }
 
@@ -478,6 +641,12 @@ async fn huge_stderr_keeps_only_its_tail() {
 #[tokio::test]
 async fn killed_by_a_signal_is_reported() {
     let tool = sh("echo dying >&2; kill -TERM $$");
+    assert_eq!(
+        tool.call(Args::new()).await,
+        failed("tool was killed by signal 15")
+    );
+    // The signal says more than the line, so it wins even when stderr is exposed.
+    let tool = sh("echo dying >&2; kill -TERM $$").with_expose_stderr(true);
     assert_eq!(
         tool.call(Args::new()).await,
         failed("tool was killed by signal 15")

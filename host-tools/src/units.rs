@@ -3,6 +3,10 @@
 //! Parsing is exact (decimal arithmetic, no floating point) and rejects anything it does not
 //! understand, naming the input in the error. Zero is accepted; callers decide whether a zero
 //! limit makes sense.
+//!
+//! Written by hand on purpose: `humantime`, `bytesize`, `parse-size` and `byte-unit` were
+//! measured against this module's tests and each differs where users would notice; the
+//! comment beside each function says how.
 
 use std::fmt;
 use std::time::Duration;
@@ -123,6 +127,15 @@ fn split_number(s: &str) -> Result<Option<(Decimal<'_>, &str)>, &'static str> {
     Ok(Some((Decimal { whole, fraction }, unit.trim())))
 }
 
+// Hand-written, not `humantime` (measured: humantime 2.4.0's `parse_duration` on every input
+// units_tests.rs pins). It agrees on whole numbers and most decimals, but:
+// - it rejects `.25s`, and any digit below a nanosecond (`1.0000000019s`, `1.0000015us`);
+//   pinned: 250ms, and the finer digits truncated (1s 1ns);
+// - it accepts far more than the six units: `1M` is a month of 30.44 days beside `1m` a
+//   minute, and `2d`, `1y`, `5 seconds`, `1h 30m` all parse;
+// - it calls `1e3s` unit `e` and `5s5` a missing unit (pinned: unknown units `e3s`, `s5`).
+// A wrapper would have to check this grammar and truncate fractions itself: a second parser
+// beside this one, not a replacement.
 /// Parses a duration such as `500ms`, `5s`, `1.5s`, `2m`, `1h` or `250us`.
 ///
 /// Units are `h`, `m`, `s`, `ms`, `us` and `ns` (lower case; whitespace between number and
@@ -165,6 +178,17 @@ fn duration_from_nanos(nanos: u128) -> Option<Duration> {
     Some(Duration::new(secs, subsec))
 }
 
+// Hand-written; measured on every input units_tests.rs pins:
+// - `bytesize` 2.7.0 (`ByteSize::from_str`) reads the number as an f64: `1.0001KiB` becomes
+//   1024 and `1.5B` 1 instead of errors, `18014398509481983.5KiB` and `16777216TiB` saturate
+//   to u64::MAX instead of "too large"; its `K`, `M`, `G` are decimal (`4K` = 4000, pinned
+//   4096); ` 1 MiB ` is refused.
+// - `parse-size` 1.1.0 is exact but rounds to whole bytes (`1.5B` = 2, `1.0001KiB` = 1024),
+//   has one switch making `K` and `KB` both binary or both decimal (pinned: `K` binary, `KB`
+//   decimal), and gives no reason a wrapper could name (`12 parsecs`: "invalid digit found in
+//   string").
+// - `byte-unit` 5.2.6 makes `4K` 4000, rounds `1.5B` to 2 and `1.0001KiB` to 1025, and reads
+//   a lower-case `b` as bits unless told to ignore case.
 /// Parses a byte size such as `1024`, `512B`, `64KiB`, `256MiB`, `1GiB`, `10MB` or `1.5M`.
 ///
 /// A bare number is bytes. `KiB`/`MiB`/`GiB`/`TiB` and the short forms `K`/`M`/`G`/`T` are
@@ -206,6 +230,9 @@ pub fn parse_size(s: &str) -> Result<u64, UnitError> {
     u64::try_from(bytes).map_err(|_| invalid("it is too large"))
 }
 
+// Hand-written: `humantime::format_duration` (2.4.0) writes a sum of parts, `1s 500ms`,
+// `1m 30s`, `1ms 234us 567ns`, where this writes `1.5s`, `90s`, `1234.567us` (pinned): one
+// number and one unit, the form of `tool timed out after 1.5s` and of serialized limits.
 /// Formats a duration for people, in the largest unit that shows it exactly: `30s`, `1.5s`,
 /// `250ms`, `2m`, `1h`. The output is accepted by [`parse_duration`].
 pub fn format_duration(d: Duration) -> String {
@@ -221,6 +248,9 @@ pub fn format_duration(d: Duration) -> String {
     format!("{nanos}ns")
 }
 
+// Hand-written: `bytesize`'s `Display` (2.7.0) rounds to one decimal with a space, `64.0 KiB`,
+// and shows 1025 as `1.0 KiB` and u64::MAX as `16.0 EiB`, which do not parse back to the
+// same number; pinned here: `64KiB`, `1025B`, `18446744073709551615B`.
 /// Formats a byte count for people, in the largest binary unit that shows it exactly (with
 /// at most three decimals): `64KiB`, `256MiB`, `1.5GiB`, else plain bytes such as `1000B`. The
 /// output is accepted by [`parse_size`].

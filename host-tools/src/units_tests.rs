@@ -70,6 +70,42 @@ fn bad_durations_name_the_input() {
 }
 
 #[test]
+fn durations_take_one_number_and_one_of_six_units() {
+    // Spellings other duration parsers accept; `M` (a month elsewhere) beside `m` a minute is
+    // the dangerous one.
+    for (input, unit) in [
+        ("1M", "M"),
+        ("2d", "d"),
+        ("1w", "w"),
+        ("1y", "y"),
+        ("5sec", "sec"),
+        ("5 seconds", "seconds"),
+        ("1h 30m", "h 30m"),
+        ("250µs", "µs"),
+    ] {
+        let err = parse_duration(input).unwrap_err();
+        assert!(
+            err.message().contains(&format!("`{input}`")),
+            "{input:?}: {err}"
+        );
+        assert!(
+            err.message().contains(&format!("unknown unit `{unit}`")),
+            "{input:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn duration_fractions_finer_than_a_nanosecond_truncate_in_every_unit() {
+    assert_eq!(parse_duration("0.0000000000001h"), Ok(Duration::ZERO));
+    assert_eq!(
+        parse_duration("1.0000015us"),
+        Ok(Duration::from_nanos(1_000))
+    );
+    assert_eq!(parse_duration(".5ms"), Ok(Duration::from_micros(500)));
+}
+
+#[test]
 fn duration_overflow_is_rejected() {
     for input in [
         "18446744073709551616s",
@@ -129,6 +165,17 @@ fn size_fractions_must_be_whole_bytes() {
 }
 
 #[test]
+fn sizes_are_exact_where_a_float_is_not() {
+    // As an f64 the number is 18014398509481984, and the product overflows.
+    assert_eq!(
+        parse_size("18014398509481983.5KiB"),
+        Ok(18_446_744_073_709_551_104)
+    );
+    assert_eq!(parse_size("9007199254740993"), Ok(9_007_199_254_740_993));
+    assert_eq!(parse_size("0.1KB"), Ok(100));
+}
+
+#[test]
 fn bad_sizes_name_the_input() {
     for (input, reason) in [
         ("-1KiB", "negative"),
@@ -185,6 +232,8 @@ fn format_size_picks_the_largest_exact_unit() {
     assert_eq!(format_size(256 << 20), "256MiB");
     assert_eq!(format_size(16 << 20), "16MiB");
     assert_eq!(format_size(1536), "1.5KiB");
+    assert_eq!(format_size(1025), "1025B");
+    assert_eq!(format_size(1_049_600), "1025KiB");
     assert_eq!(format_size(3 << 30), "3GiB");
     assert_eq!(format_size(u64::MAX), "18446744073709551615B");
 }
