@@ -2,6 +2,11 @@
 //!
 //! `cargo bench --bench hot_paths`. The side-by-side comparison with native baselines is
 //! `pycage bench`; these track pycage against itself over time.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

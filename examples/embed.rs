@@ -3,6 +3,11 @@
 //! ```text
 //! cargo run --example embed
 //! ```
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
 
 use std::time::Duration;
 

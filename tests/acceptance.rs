@@ -1,4 +1,9 @@
 //! The foundation's acceptance tests, through the library.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
 
 mod common;
 

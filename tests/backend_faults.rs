@@ -4,6 +4,11 @@
 //!
 //! This file is its own test binary: stopping the Docker daemon must not overlap other Docker
 //! tests, and cargo runs test binaries one at a time.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
 
 #[path = "os_support/mod.rs"]
 mod os_support;

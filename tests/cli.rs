@@ -1,4 +1,9 @@
 //! `pycage run` end to end: arguments, output, exit codes.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
 
 mod common;
 

@@ -4,6 +4,11 @@
 //! process, no cgroup, no container.
 //!
 //! The backends run one at a time (a lock), so the leftover checks see only their own run.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
 
 mod common;
 mod os_support;

@@ -1,5 +1,10 @@
 //! Faults around the guest: misbehaving tools and a damaged artifact cache. Each gives a
 //! clear, typed error, and the host keeps serving.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
 
 mod common;
 

@@ -1,4 +1,9 @@
 //! The guest's contract: what it imports, what the stdlib offers, how values cross back.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
 
 mod common;
 

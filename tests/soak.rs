@@ -1,6 +1,11 @@
 //! Load and soak: 10,000 sequential runs and 1,000 runs at 16-way concurrency, mixing good,
 //! failing and limit-hitting code. Good runs never fail, and the host returns to its baseline:
 //! no leaked instances, memory, file descriptors or processes.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
 
 mod common;
 

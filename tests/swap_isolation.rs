@@ -7,6 +7,11 @@
 //! the guest waits on the call. They need root (swapon); elsewhere they say so and pass,
 //! except where a skip must fail (`PYCAGE_REQUIRE_BACKENDS` or `CI` set, as `.ci/run` does).
 #![cfg(all(target_os = "linux", target_env = "gnu"))]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
 
 mod os_support;
 

@@ -1,4 +1,9 @@
 //! The warm pool: pre-instantiated guests, never reused.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
 
 mod common;
 

@@ -126,6 +126,7 @@ async fn wait_until_dead(pid: u32) -> bool {
 }
 
 /// Reads a pid a test script wrote to `path`, waiting for it to appear.
+#[cfg(target_os = "linux")]
 async fn read_pid(path: &Path) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {

@@ -144,6 +144,7 @@ impl ToolRegistry {
     /// A registry holding the built-in tools (`math.*`, `text.echo`).
     pub fn with_builtins() -> Self {
         let mut registry = Self::new();
+        #[allow(clippy::expect_used, reason = "fixed names, checked by the unit tests")]
         builtin::register_all(&mut registry).expect("built-in tool names are valid and unique");
         registry
     }

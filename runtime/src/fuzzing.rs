@@ -1,5 +1,10 @@
 //! Property checks shared by the fuzz targets (`fuzz/`) and the regression tests that replay
 //! what the fuzzers found. Not a stable API.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a broken property is reported by panicking, which is what a fuzzer catches"
+)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -16,6 +16,11 @@
 //! `harness = false`: this file owns `main`, so it can plant the environment canary before any
 //! thread exists. `cargo test --test adversarial -- FILTER` runs the cases whose
 //! `category/name` contains FILTER.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
 
 mod canaries;
 mod case;

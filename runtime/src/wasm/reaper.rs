@@ -33,6 +33,7 @@ impl GuestStore {
 
 impl Deref for GuestStore {
     type Target = Store<RunState>;
+    #[allow(clippy::expect_used, reason = "`Drop` is the only taker")]
     fn deref(&self) -> &Store<RunState> {
         self.0
             .as_ref()
@@ -41,6 +42,7 @@ impl Deref for GuestStore {
 }
 
 impl DerefMut for GuestStore {
+    #[allow(clippy::expect_used, reason = "`Drop` is the only taker")]
     fn deref_mut(&mut self) -> &mut Store<RunState> {
         self.0
             .as_mut()
