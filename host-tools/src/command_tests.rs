@@ -1,5 +1,4 @@
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -10,27 +9,11 @@ use crate::{RegistryError, Tool, ToolError, ToolRegistry};
 // ---------------------------------------------------------------- helpers
 
 /// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path =
-            std::env::temp_dir().join(format!("pycage-tools-test-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        Self(path)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+fn temp_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("pycage-tools-test-")
+        .tempdir()
+        .expect("a temp dir")
 }
 
 /// Every `tracing` event of this test binary, formatted. One global subscriber rather than a
@@ -455,7 +438,7 @@ fn command_tool_new_rejects_an_empty_argv() {
 #[cfg(unix)]
 #[tokio::test]
 async fn load_file_resolves_relative_programs_next_to_the_file() {
-    let dir = TempDir::new();
+    let dir = temp_dir();
     std::fs::create_dir(dir.path().join("bin")).expect("mkdir");
     // A symlink to `cat` stands in for a shipped script: it echoes the arguments back.
     std::os::unix::fs::symlink("/bin/cat", dir.path().join("bin/echo_args")).expect("symlink");
@@ -512,7 +495,7 @@ fn only_relative_programs_with_a_slash_are_resolved() {
 
 #[test]
 fn load_file_names_a_missing_file() {
-    let dir = TempDir::new();
+    let dir = temp_dir();
     let file = dir.path().join("missing.toml");
     let message = config_error(load_file(&file));
     assert!(message.contains("missing.toml"), "{message}");
@@ -747,7 +730,7 @@ async fn command_within_its_timeout_succeeds() {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn timeout_kills_the_whole_process_group() {
-    let dir = TempDir::new();
+    let dir = temp_dir();
     let pid_file = dir.path().join("pid");
     let script = format!(
         "sleep 30 & echo $! > '{}'; wait",
@@ -770,7 +753,7 @@ async fn timeout_kills_the_whole_process_group() {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn a_cancelled_call_kills_the_whole_process_group() {
-    let dir = TempDir::new();
+    let dir = temp_dir();
     let pid_file = dir.path().join("pid");
     let script = format!(
         "sleep 30 & echo $! > '{}'; wait",

@@ -2,11 +2,10 @@
 //! guests, the guest's Python files).
 
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::native::SOCKET_NAME;
-use super::token::random_hex;
 
 /// The environment variable naming the per-user runtime directory, preferred for run
 /// directories.
@@ -21,6 +20,9 @@ const MAX_SOCKET_PATH: usize = 107;
 pub struct RunDir {
     path: PathBuf,
 }
+
+/// The random part of a run directory's name, in characters.
+const RANDOM_NAME_CHARS: usize = 12;
 
 impl RunDir {
     /// Creates a fresh run directory. Uses ambient authority: the process's view of the
@@ -43,22 +45,23 @@ impl RunDir {
     ///
     /// As for [`RunDir::create`].
     pub fn create_in(base: &Path) -> std::io::Result<RunDir> {
-        for _ in 0..8 {
-            let path = base.join(format!("pycage-{}", random_hex(12)?));
-            if path.join(SOCKET_NAME).as_os_str().len() > MAX_SOCKET_PATH {
-                return Err(std::io::Error::other(
-                    "the run directory's path is too long for a Unix socket",
-                ));
-            }
-            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
-                Ok(()) => return Ok(RunDir { path }),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(e),
-            }
+        let longest = base
+            .join(format!("pycage-{}", "x".repeat(RANDOM_NAME_CHARS)))
+            .join(SOCKET_NAME);
+        if longest.as_os_str().len() > MAX_SOCKET_PATH {
+            return Err(std::io::Error::other(
+                "the run directory's path is too long for a Unix socket",
+            ));
         }
-        Err(std::io::Error::other(
-            "no fresh run directory name was found",
-        ))
+        // tempfile picks a fresh random name (retrying on a collision) and creates the
+        // directory with the mode given; removing it is ours, so a failure is logged.
+        let path = tempfile::Builder::new()
+            .prefix("pycage-")
+            .rand_bytes(RANDOM_NAME_CHARS)
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir_in(base)?
+            .keep();
+        Ok(RunDir { path })
     }
 
     /// The directory's host path.
@@ -68,7 +71,7 @@ impl RunDir {
 
     /// The socket's host path.
     pub fn socket_path(&self) -> PathBuf {
-        self.path.join(SOCKET_NAME)
+        self.path().join(SOCKET_NAME)
     }
 
     /// Writes a read-only file into the directory (it must not exist yet).
@@ -77,7 +80,7 @@ impl RunDir {
     ///
     /// When the file cannot be written.
     pub fn write_file(&self, name: &str, contents: &[u8]) -> std::io::Result<PathBuf> {
-        let path = self.path.join(name);
+        let path = self.path().join(name);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -98,8 +101,6 @@ impl Drop for RunDir {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
-
     use super::*;
 
     #[test]

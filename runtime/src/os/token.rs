@@ -9,7 +9,9 @@ const TOKEN_BYTES: usize = 32;
 ///
 /// The socket server checks it before it looks at anything else in a frame. Its `Debug`
 /// output is redacted so it never lands in logs.
-#[derive(Clone, PartialEq, Eq)]
+///
+/// It has no `PartialEq`: the only comparison is [`Token::matches`], in constant time.
+#[derive(Clone)]
 pub struct Token(String);
 
 impl Token {
@@ -36,12 +38,10 @@ impl Token {
 
     /// True when `presented` is this token. The comparison takes the same time wherever the
     /// first difference is.
+    /// (A token's length is public: 64 hex digits.)
     pub fn matches(&self, presented: &str) -> bool {
-        let (a, b) = (self.0.as_bytes(), presented.as_bytes());
-        if a.len() != b.len() {
-            return false;
-        }
-        a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        use subtle::ConstantTimeEq;
+        self.0.as_bytes().ct_eq(presented.as_bytes()).into()
     }
 }
 
@@ -78,7 +78,7 @@ mod tests {
         let b = Token::generate().unwrap();
         assert_eq!(a.as_str().len(), 64);
         assert!(a.as_str().bytes().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, b);
+        assert!(!a.matches(b.as_str()));
     }
 
     #[test]

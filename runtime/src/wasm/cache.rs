@@ -5,8 +5,8 @@
 //! configuration) pair, each with a sidecar:
 //!
 //! ```text
-//! <cache>/guest-<component digest>-<engine digest>.cwasm       the serialized component
-//! <cache>/guest-<component digest>-<engine digest>.cwasm.sum   "<BLAKE3 hex>\n[<stat>\n]"
+//! <cache>/guest-<component digest>-<engine digest>-<arch>-<os>.cwasm       the serialized component
+//! <cache>/guest-<component digest>-<engine digest>-<arch>-<os>.cwasm.sum   "<BLAKE3 hex>\n[<stat>\n]"
 //! ```
 //!
 //! Files are written under temporary names and renamed into place, so readers never see half
@@ -45,8 +45,11 @@ pub enum ArtifactSource {
     CompiledUncached,
 }
 
-/// The default cache directory: `$PYCAGE_CACHE_DIR`, else `$XDG_CACHE_HOME/pycage`, else
-/// `$HOME/.cache/pycage`. `None` when caching is off or no directory can be found.
+/// The default cache directory: `$PYCAGE_CACHE_DIR`, else the OS's per-user cache directory
+/// for pycage (the `directories` crate's conventions): `$XDG_CACHE_HOME/pycage` or
+/// `~/.cache/pycage` on Linux, `~/Library/Caches/pycage` on macOS,
+/// `%LOCALAPPDATA%\pycage\cache` on Windows. `None` when caching is off or the OS names no
+/// such directory (no home directory).
 pub fn default_cache_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os(ENV_CACHE_DIR) {
         if dir == "off" || dir.is_empty() {
@@ -54,23 +57,22 @@ pub fn default_cache_dir() -> Option<PathBuf> {
         }
         return Some(PathBuf::from(dir));
     }
-    if let Some(xdg) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return Some(PathBuf::from(xdg).join("pycage"));
-    }
-    std::env::var_os("HOME")
-        .filter(|d| !d.is_empty())
-        .map(|home| PathBuf::from(home).join(".cache").join("pycage"))
+    directories::ProjectDirs::from("", "", "pycage").map(|dirs| dirs.cache_dir().to_owned())
 }
 
-/// The artifact file for a component digest under an engine.
+/// The artifact file for a component digest under an engine, on this target: the name
+/// says the architecture and OS as well as the engine's digest, so a cache directory shared
+/// between machines (a network home, a synced folder) never hands one the other's code.
 pub(crate) fn artifact_path(dir: &Path, engine: &Engine, component_digest: &str) -> PathBuf {
     let mut hasher = Blake3Hasher(blake3::Hasher::new());
     engine.precompile_compatibility_hash().hash(&mut hasher);
     let engine_digest = hasher.0.finalize().to_hex();
     dir.join(format!(
-        "guest-{}-{}.cwasm",
+        "guest-{}-{}-{}-{}.cwasm",
         &component_digest[..16],
-        &engine_digest.as_str()[..16]
+        &engine_digest.as_str()[..16],
+        std::env::consts::ARCH,
+        std::env::consts::OS,
     ))
 }
 
