@@ -79,7 +79,7 @@ async fn the_docker_daemon_stopping_mid_run() {
         return;
     }
     if !is_root() {
-        eprintln!("skipping: only root may stop and restart the Docker daemon here");
+        os_support::skip("only root may stop and restart the Docker daemon here");
         return;
     }
     let limits = Limits::builder()

@@ -214,10 +214,10 @@ const FORK_BOMB: &str =
 
 async fn fork_bomb(s: &Subject) {
     if s.native() && !tree_is_capped(s) && running_as_root() {
-        eprintln!(
-            "{}: no cgroup here and running as root: a fork bomb would not be contained; skipped",
+        os_support::skip(&format!(
+            "{}: no cgroup here and running as root: a fork bomb would not be contained",
             s.name
-        );
+        ));
         return;
     }
     let sampler = PeakSampler::start();
@@ -330,7 +330,7 @@ async fn escaping_daemon(s: &Subject) {
     // A grandchild in a session of its own, outliving its parents.
     let code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(60)\n    os._exit(0)\ntime.sleep(0.3)\nreturn 'parent done'";
     if s.name == "local" && cgroup::support().is_err() {
-        eprintln!("local: no cgroup here: a daemon escapes the process group; skipped");
+        os_support::skip("local: no cgroup here: a daemon escapes the process group");
         return;
     }
     let r = contained(s, "an escaping daemon", code, wall(5)).await;

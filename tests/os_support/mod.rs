@@ -67,6 +67,17 @@ pub fn required() -> bool {
     })
 }
 
+/// Skips the rest of a test with `why`, or, where a skip must fail (see [`required`]), fails
+/// it: a protection CI could not check is a failure there, not a pass.
+#[track_caller]
+pub fn skip(why: &str) {
+    assert!(
+        !required(),
+        "cannot skip ({ENV_REQUIRE} or {ENV_CI} is set): {why}"
+    );
+    eprintln!("skipping: {why}");
+}
+
 /// The pycage CLI, which is also the layered backend's worker.
 pub fn pycage_exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_pycage"))
