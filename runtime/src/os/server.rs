@@ -21,16 +21,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
 use tokio::net::UnixListener;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::Semaphore;
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::frame_io::write_frame;
-use super::protocol::{
-    self, FRAME_HEADER_BYTES, Outcome, ProtocolError, Request, Response, WireErrorKind,
-};
+use super::frame_io::{self, write_frame};
+use super::protocol::{self, Outcome, ProtocolError, Request, Response, WireErrorKind};
 use super::run_dir::RunDir;
 use super::token::Token;
 use crate::Limits;
@@ -192,11 +189,9 @@ async fn serve_connection(stream: tokio::net::UnixStream, shared: Arc<Shared>) {
         let Ok(call_slot) = in_flight.clone().acquire_owned().await else {
             break;
         };
-        let mut header = [0u8; FRAME_HEADER_BYTES];
-        match read_header(&mut reader, &mut header).await {
-            HeaderRead::Complete => {}
-            HeaderRead::Closed | HeaderRead::Broken => break,
-        }
+        let Ok(header) = frame_io::read_header(&mut reader).await else {
+            break; // closed between frames, or broken inside the prefix
+        };
         let len = match protocol::check_frame_len(header, shared.cap) {
             Ok(len) => len,
             Err(e) => {
@@ -210,12 +205,9 @@ async fn serve_connection(stream: tokio::net::UnixStream, shared: Arc<Shared>) {
         let Ok(bytes) = shared.budget.clone().acquire_many_owned(permits).await else {
             break;
         };
-        let mut body = Vec::new();
-        match (&mut reader).take(len as u64).read_to_end(&mut body).await {
-            Ok(n) if n == len => {}
-            // Truncated or broken mid-frame.
-            _ => break,
-        }
+        let Ok(body) = frame_io::read_body(&mut reader, len).await else {
+            break; // truncated or broken mid-frame
+        };
         let request = protocol::decode_request(&body, &shared.token);
         drop(body);
         match request {
@@ -288,27 +280,6 @@ async fn serve_connection(stream: tokio::net::UnixStream, shared: Arc<Shared>) {
     }
     // Calls already started still answer (the peer may have stopped writing, not reading).
     while calls.join_next().await.is_some() {}
-}
-
-enum HeaderRead {
-    Complete,
-    Closed,
-    Broken,
-}
-
-async fn read_header(
-    reader: &mut tokio::net::unix::OwnedReadHalf,
-    header: &mut [u8; FRAME_HEADER_BYTES],
-) -> HeaderRead {
-    let mut got = 0;
-    while got < FRAME_HEADER_BYTES {
-        match reader.read(&mut header[got..]).await {
-            Ok(0) if got == 0 => return HeaderRead::Closed,
-            Ok(0) | Err(_) => return HeaderRead::Broken,
-            Ok(n) => got += n,
-        }
-    }
-    HeaderRead::Complete
 }
 
 /// The wire kind of a broker error.
