@@ -43,8 +43,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::process::{ChildStdin, Command};
 
+use crate::process::ProcessGroup;
 use crate::units::format_duration;
 use crate::{Args, RegistryError, Tool, ToolError, ToolFuture};
 
@@ -240,9 +241,9 @@ impl Tool for CommandTool {
     }
 }
 
-/// A spawned command. Until it has been reaped, dropping it kills its process group.
+/// A spawned command: dropping it kills its process group (see [`ProcessGroup`]).
 struct Process {
-    child: Child,
+    group: ProcessGroup,
 }
 
 /// What a finished command left behind.
@@ -261,13 +262,10 @@ impl Process {
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         // Its own process group, so a time limit can kill everything the command started.
-        #[cfg(unix)]
-        command.process_group(0);
-        match command.spawn() {
-            Ok(child) => Ok(Self { child }),
+        match ProcessGroup::spawn(command) {
+            Ok(group) => Ok(Self { group }),
             Err(err) => {
                 tracing::warn!(program = %program, error = %err, "command tool could not be started");
                 Err(not_started())
@@ -283,9 +281,9 @@ impl Process {
         max_stdout: usize,
         keep_stderr: usize,
     ) -> Result<Output, ToolError> {
-        let stdin = self.child.stdin.take();
-        let stdout = self.child.stdout.take();
-        let stderr = self.child.stderr.take();
+        let stdin = self.group.child().stdin.take();
+        let stdout = self.group.child().stdout.take();
+        let stderr = self.group.child().stderr.take();
         let (stdout, stderr, ()) = tokio::try_join!(
             read_capped(stdout, max_stdout),
             async { Ok(read_tail(stderr, keep_stderr).await) },
@@ -295,7 +293,8 @@ impl Process {
             },
         )?;
         let status = self
-            .child
+            .group
+            .child()
             .wait()
             .await
             .map_err(|_| ToolError::Failed("tool could not be waited for".into()))?;
@@ -308,38 +307,7 @@ impl Process {
 
     /// Kills the command and everything in its process group, and reaps it.
     async fn kill(&mut self) {
-        self.kill_group();
-        // Kills the command itself (where groups are not available) and waits for it.
-        if let Err(err) = self.child.kill().await {
-            tracing::warn!(error = %err, "command tool could not be killed");
-        }
-    }
-
-    /// Sends SIGKILL to the command's process group. Only while the command is unreaped:
-    /// until then its pid, which is the group id, cannot be reused.
-    #[cfg(unix)]
-    fn kill_group(&self) {
-        use rustix::process::{Pid, Signal, kill_process_group};
-        let group = self
-            .child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .and_then(Pid::from_raw);
-        if let Some(group) = group {
-            // ESRCH (everything already gone) is fine.
-            let _ = kill_process_group(group, Signal::KILL);
-        }
-    }
-
-    #[cfg(not(unix))]
-    fn kill_group(&self) {}
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        // A cancelled call (the broker's own deadline) must not leave the group running;
-        // `kill_on_drop` then kills the command itself and tokio reaps it.
-        self.kill_group();
+        self.group.kill().await;
     }
 }
 

@@ -11,6 +11,8 @@ use tokio::process::Command;
 
 use super::cgroup::RunCgroup;
 use super::container::{Container, ContainerGuard, remove_container};
+use pycage_tools::process::ProcessGroup;
+
 use crate::capture::{CapturePipe, Captured};
 
 /// How long output is still drained after the tree is gone (a descendant that escaped every
@@ -72,18 +74,17 @@ pub(crate) async fn run(spec: SpawnSpec, contain: Containment<'_>) -> std::io::R
         .argv
         .split_first()
         .ok_or_else(|| std::io::Error::other("empty command line"))?;
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(args)
         .env_clear()
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&spec.cwd)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()?;
-    let group = child.id().and_then(|id| i32::try_from(id).ok());
+        .stderr(Stdio::piped());
+    let mut group = ProcessGroup::spawn(command)?;
+    let child = group.child();
     let mut guard = ContainerGuard(contain.container);
 
     let stdin = child.stdin.take();
@@ -115,11 +116,11 @@ pub(crate) async fn run(spec: SpawnSpec, contain: Containment<'_>) -> std::io::R
         }
         Err(_) => Ended::TimedOut,
     };
-    kill_tree(group, &contain, ended).await;
+    kill_tree(&group, &contain, ended).await;
     guard.0 = None;
     if ended == Ended::TimedOut {
-        let _ = child.start_kill();
-        let _ = child.wait().await;
+        let _ = group.child().start_kill();
+        let _ = group.child().wait().await;
     }
     feeder.abort();
     for pump in pumps.into_iter().flatten() {
@@ -135,11 +136,9 @@ pub(crate) async fn run(spec: SpawnSpec, contain: Containment<'_>) -> std::io::R
 }
 
 /// Kills whatever the run left: the process group, the cgroup's members, the container.
-async fn kill_tree(group: Option<i32>, contain: &Containment<'_>, ended: Ended) {
-    if let Some(pgid) = group.and_then(rustix::process::Pid::from_raw) {
-        // ESRCH (the group is already gone) is the common case.
-        let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
-    }
+async fn kill_tree(group: &ProcessGroup, contain: &Containment<'_>, ended: Ended) {
+    // After the leader's exit, what it started may still run in its group.
+    group.kill_group();
     if let Some(cgroup) = contain.cgroup {
         cgroup.kill_all();
     }
