@@ -1,18 +1,29 @@
-//! The one classifier: engine errors and traps to [`RunError`] kinds.
+//! The wasm family's one classifier: how a wasm run that produced no value ended, from engine
+//! errors and traps (by downcasting), the guest's own failure report (checked against the
+//! store's evidence), and the run's deadline. The OS backends have theirs in `os::classify`.
 
 use wasmtime::Trap;
 use wasmtime_wasi::I32Exit;
 
+use super::bindings::exports::pycage::sandbox::guest::{Failure, FailureKind};
 use super::linker::CapabilityDenied;
+use crate::result::{MAX_EXCEPTION_CHARS, MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, cap_chars};
 use crate::{ErrorKind, RunError};
 
 /// What the store recorded during the run, which decides between look-alike failures.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Evidence {
+pub(crate) struct Evidence<'a> {
     /// The memory limiter refused a growth.
     pub memory_denied: bool,
     /// The fuel budget, when one was set.
     pub fuel_budget: Option<u64>,
+    /// The WASI import the guest called that the sandbox does not grant, if any.
+    pub denied_capability: Option<&'a str>,
+}
+
+/// The run's wall-clock deadline passed while the guest was blocked (a host call, a sleep).
+pub(crate) fn deadline_passed() -> RunError {
+    RunError::new(ErrorKind::Timeout, "the wall-clock limit was reached")
 }
 
 /// The end of a guest that did not return normally.
@@ -28,7 +39,7 @@ pub(crate) enum Ending {
 ///
 /// Traps are recognised by downcasting, never by their text; the text of an unrecognised
 /// error is logged for the operator and never shown to the guest's caller.
-pub(crate) fn classify(error: &wasmtime::Error, evidence: Evidence) -> Ending {
+pub(crate) fn classify(error: &wasmtime::Error, evidence: &Evidence<'_>) -> Ending {
     if let Some(exit) = error.downcast_ref::<I32Exit>() {
         // WASI 0.2's `exit` carries success or failure, not the status number.
         return match exit.0 {
@@ -55,7 +66,7 @@ pub(crate) fn classify(error: &wasmtime::Error, evidence: Evidence) -> Ending {
     ))
 }
 
-fn classify_trap(trap: Trap, evidence: Evidence) -> RunError {
+fn classify_trap(trap: Trap, evidence: &Evidence<'_>) -> RunError {
     match trap {
         Trap::OutOfFuel => RunError::new(
             ErrorKind::FuelExhausted,
@@ -64,7 +75,7 @@ fn classify_trap(trap: Trap, evidence: Evidence) -> RunError {
                 None => "the fuel ran out".to_owned(),
             },
         ),
-        Trap::Interrupt => RunError::new(ErrorKind::Timeout, "the wall-clock limit was reached"),
+        Trap::Interrupt => deadline_passed(),
         Trap::StackOverflow => RunError::new(
             ErrorKind::StackOverflow,
             "the guest's stack overflowed (recursion too deep for the interpreter to catch)",
@@ -77,6 +88,40 @@ fn classify_trap(trap: Trap, evidence: Evidence) -> RunError {
             ErrorKind::BackendError,
             format!("the guest interpreter crashed ({})", trap_name(other)),
         ),
+    }
+}
+
+/// Classifies the guest's own report of a failed run, checked against what the host saw: the
+/// guest is not trusted to say that the memory limit or a denied capability ended it.
+pub(crate) fn guest_failure(failure: Failure, evidence: &Evidence<'_>) -> RunError {
+    let exception = failure
+        .exception
+        .map(|e| cap_chars(&e, MAX_EXCEPTION_CHARS));
+    let kind = match failure.kind {
+        FailureKind::SyntaxError => ErrorKind::SyntaxError,
+        FailureKind::InvalidInput => ErrorKind::InvalidInput,
+        FailureKind::ValueTooLarge => ErrorKind::ValueTooLarge,
+        FailureKind::GuestException => match exception.as_deref() {
+            Some("MemoryError") if evidence.memory_denied => ErrorKind::MemoryLimit,
+            Some("PermissionError") if evidence.denied_capability.is_some() => {
+                ErrorKind::CapabilityDenied
+            }
+            _ => ErrorKind::GuestException,
+        },
+    };
+    let mut message = cap_chars(&failure.message, MAX_MESSAGE_CHARS);
+    if kind == ErrorKind::CapabilityDenied
+        && let Some(import) = evidence.denied_capability
+    {
+        message = format!("{message} (the sandbox does not grant `{import}`)");
+    }
+    RunError {
+        kind,
+        message,
+        traceback: failure
+            .traceback
+            .map(|t| cap_chars(&t, MAX_TRACEBACK_CHARS)),
+        exception,
     }
 }
 

@@ -16,7 +16,6 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
-use super::bindings::exports::pycage::sandbox::guest::{Failure, FailureKind};
 use super::bindings::{Sandbox, SandboxPre};
 use super::classify::{self, Ending, Evidence};
 use super::engine::{FUEL_YIELD_INTERVAL, SlotReset};
@@ -25,9 +24,7 @@ use super::state::{GuestLimiter, MAX_RESOURCES, RunState};
 use crate::backend::Job;
 use crate::broker::ToolGate;
 use crate::capture::CapturePipe;
-use crate::result::{
-    MAX_EXCEPTION_CHARS, MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, cap_chars, decode_value,
-};
+use crate::result::decode_value;
 use crate::{ErrorKind, MAX_MEMORY_BYTES, RunError};
 
 /// The most random bytes the guest may ask for in one call (a host-side buffer).
@@ -223,17 +220,15 @@ impl Fresh {
         let evidence = Evidence {
             memory_denied: state.limiter.denied,
             fuel_budget: limits.fuel(),
+            denied_capability: state.denied_capability.as_deref(),
         };
         let value = match outcome {
-            Err(DeadlinePassed) => Err(RunError::new(
-                ErrorKind::Timeout,
-                "the wall-clock limit was reached",
-            )),
-            Ok(Err(error)) => match classify::classify(&error, evidence) {
+            Err(DeadlinePassed) => Err(classify::deadline_passed()),
+            Ok(Err(error)) => match classify::classify(&error, &evidence) {
                 Ending::CleanExit => Ok(Value::Null),
                 Ending::Failed(e) => Err(e),
             },
-            Ok(Ok(Err(failure))) => Err(failure_error(failure, state)),
+            Ok(Ok(Err(failure))) => Err(classify::guest_failure(failure, &evidence)),
             Ok(Ok(Ok(json))) => decode_value(&json, limits.max_value_bytes()),
         };
         let outcome = Outcome {
@@ -282,37 +277,4 @@ fn bindings_for(tools: &[crate::policy::Binding]) -> Vec<[&str; 3]> {
         .iter()
         .filter_map(|b| Some([b.binding.as_deref()?, &b.qualified, &b.description]))
         .collect()
-}
-
-/// Maps the guest's own report of a failed run, checking it against what the host saw.
-fn failure_error(failure: Failure, state: &RunState) -> RunError {
-    let exception = failure
-        .exception
-        .map(|e| cap_chars(&e, MAX_EXCEPTION_CHARS));
-    let kind = match failure.kind {
-        FailureKind::SyntaxError => ErrorKind::SyntaxError,
-        FailureKind::InvalidInput => ErrorKind::InvalidInput,
-        FailureKind::ValueTooLarge => ErrorKind::ValueTooLarge,
-        FailureKind::GuestException => match exception.as_deref() {
-            Some("MemoryError") if state.limiter.denied => ErrorKind::MemoryLimit,
-            Some("PermissionError") if state.denied_capability.is_some() => {
-                ErrorKind::CapabilityDenied
-            }
-            _ => ErrorKind::GuestException,
-        },
-    };
-    let mut message = cap_chars(&failure.message, MAX_MESSAGE_CHARS);
-    if kind == ErrorKind::CapabilityDenied
-        && let Some(import) = &state.denied_capability
-    {
-        message = format!("{message} (the sandbox does not grant `{import}`)");
-    }
-    RunError {
-        kind,
-        message,
-        traceback: failure
-            .traceback
-            .map(|t| cap_chars(&t, MAX_TRACEBACK_CHARS)),
-        exception,
-    }
 }
