@@ -14,6 +14,7 @@ use tokio::process::{Child, Command};
 pub struct ProcessGroup {
     child: Child,
     /// The group's id: the child's pid, read at spawn.
+    #[cfg_attr(not(unix), allow(dead_code))]
     group: Option<i32>,
 }
 

@@ -40,7 +40,6 @@ pub mod cgroup;
 mod classify;
 mod container;
 pub mod docker;
-#[cfg(unix)]
 mod frame_io;
 mod guest_files;
 pub mod host_layout;
@@ -52,6 +51,7 @@ pub mod rlimits;
 #[cfg(unix)]
 pub mod run_dir;
 pub mod seatbelt;
+mod serve;
 #[cfg(unix)]
 pub mod server;
 #[cfg(unix)]
