@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pycage::backend::RunFuture;
-use pycage::{Availability, Backend, Broker, BuildError, Job, RunError, RunResult, Runner};
+use pycage::{Availability, Backend, BuildError, Job, RunError, RunResult, Runner, ToolGate};
 
 /// A backend that isolates nothing and runs nothing: it only records that it was asked.
 struct Bare;
@@ -24,7 +24,7 @@ impl Backend for Bare {
     fn availability(&self) -> Availability {
         Availability::Available
     }
-    fn run(&self, job: Job, _broker: Arc<Broker>) -> RunFuture<'_> {
+    fn run(&self, job: Job, _gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
         Box::pin(async move {
             RunResult::failed(
                 "bare",

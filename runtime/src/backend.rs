@@ -7,12 +7,14 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::broker::Broker;
+use crate::broker::ToolGate;
 use crate::policy::Binding;
 use crate::{Limits, RunResult};
 
-/// One run as a backend receives it: already validated by the [`Runner`](crate::Runner).
+/// One run as a backend receives it: already validated by the [`Runner`](crate::Runner),
+/// which builds it (`#[non_exhaustive]`: a run may gain inputs, such as files).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Job {
     /// The Python source.
     pub code: String,
@@ -63,7 +65,9 @@ pub type RunFuture<'a> = Pin<Box<dyn Future<Output = RunResult> + Send + 'a>>;
 /// One way to run a guest: wasm in-process, or an operating-system sandbox.
 ///
 /// Every backend enforces the job's [`Limits`] on the host side, reaches host tools only
-/// through the run's [`Broker`], and reports the same [`RunResult`]. A backend never panics on
+/// through the run's [`ToolGate`] (its [`Broker`](crate::Broker), or something standing in
+/// front of it: a journal, a proxy; the result's `tool_calls` is the gate owner's to fill),
+/// and reports the same [`RunResult`]. A backend never panics on
 /// guest behaviour; its failures are `backend_error` results.
 pub trait Backend: Send + Sync + 'static {
     /// The backend's name, as `--backend` takes it.
@@ -76,6 +80,6 @@ pub trait Backend: Send + Sync + 'static {
     /// Whether the backend can run here, and if not, why.
     fn availability(&self) -> Availability;
 
-    /// Runs one job. The broker is the only channel to host tools.
-    fn run(&self, job: Job, broker: Arc<Broker>) -> RunFuture<'_>;
+    /// Runs one job. `gate` is the only channel to host tools.
+    fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_>;
 }

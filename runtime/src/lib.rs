@@ -39,14 +39,14 @@ mod runner;
 pub mod wasm;
 
 pub use backend::{Availability, Backend, Job};
-pub use broker::{Broker, CallError};
+pub use broker::{Broker, CallError, ToolGate};
 pub use limits::{Limits, LimitsBuilder, LimitsError, MAX_MEMORY_BYTES, MIN_MEMORY_BYTES};
 pub use os::{
     BubblewrapBackend, DockerBackend, LayeredBackend, LocalBackend, SeatbeltBackend, WindowsBackend,
 };
 pub use policy::{ExposedTools, PolicyError, ToolPolicy};
 pub use pycage_tools;
-pub use result::{ErrorKind, RunError, RunResult};
+pub use result::{ErrorKind, RunError, RunResult, RunResultBuilder};
 pub use runner::{BuildError, Runner, RunnerBuilder};
 pub use wasm::{ArtifactSource, WasmBackend};
 

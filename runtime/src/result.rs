@@ -4,11 +4,17 @@ use std::fmt;
 use std::time::Duration;
 
 use pycage_tools::json::{self, JsonError};
+
+use crate::capture::Captured;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The outcome of one run. Serialized as one JSON object with these field names.
+///
+/// A backend builds it with [`RunResult::builder`]; new fields may be added (it is
+/// `#[non_exhaustive]`), each with a default the builder fills.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RunResult {
     /// True when the code ran to the end (or returned) and its value crossed back.
     pub ok: bool,
@@ -38,22 +44,74 @@ pub struct RunResult {
 }
 
 impl RunResult {
-    /// A failed result with nothing else to report; used before a guest has run.
-    pub fn failed(backend: &str, error: RunError, duration: Duration) -> Self {
-        RunResult {
-            ok: false,
-            value: Value::Null,
+    /// Starts the result of a run on `backend` that produced `value` (or the error saying why
+    /// it produced none). `ok` and `timed_out` follow from it; output, fuel and duration are
+    /// the builder's to set. `tool_calls` is the [`Runner`](crate::Runner)'s: it owns the
+    /// broker that counted them.
+    pub fn builder(backend: &str, value: Result<Value, RunError>) -> RunResultBuilder {
+        let (ok, value, error) = match value {
+            Ok(value) => (true, value, None),
+            Err(error) => (false, Value::Null, Some(error)),
+        };
+        RunResultBuilder(RunResult {
+            ok,
+            value,
             stdout: String::new(),
             stderr: String::new(),
             stdout_truncated: false,
             stderr_truncated: false,
-            timed_out: error.kind == ErrorKind::Timeout,
-            error: Some(error),
+            timed_out: error.as_ref().is_some_and(|e| e.kind == ErrorKind::Timeout),
+            error,
             tool_calls: 0,
             fuel_consumed: None,
-            duration,
+            duration: Duration::ZERO,
             backend: backend.to_owned(),
-        }
+        })
+    }
+
+    /// A failed result with nothing else to report; used before a guest has run.
+    pub fn failed(backend: &str, error: RunError, duration: Duration) -> Self {
+        RunResult::builder(backend, Err(error))
+            .duration(duration)
+            .build()
+    }
+}
+
+/// Builds a [`RunResult`]; see [`RunResult::builder`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RunResultBuilder(RunResult);
+
+impl RunResultBuilder {
+    /// What the guest wrote to stdout, as its capture kept it.
+    pub fn stdout(mut self, captured: Captured) -> Self {
+        self.0.stdout = captured.text;
+        self.0.stdout_truncated = captured.truncated;
+        self
+    }
+
+    /// What the guest wrote to stderr, as its capture kept it.
+    pub fn stderr(mut self, captured: Captured) -> Self {
+        self.0.stderr = captured.text;
+        self.0.stderr_truncated = captured.truncated;
+        self
+    }
+
+    /// The fuel the run consumed, where the backend meters it.
+    pub fn fuel_consumed(mut self, fuel: Option<u64>) -> Self {
+        self.0.fuel_consumed = fuel;
+        self
+    }
+
+    /// How long the run took.
+    pub fn duration(mut self, duration: Duration) -> Self {
+        self.0.duration = duration;
+        self
+    }
+
+    /// The result.
+    pub fn build(self) -> RunResult {
+        self.0
     }
 }
 

@@ -37,7 +37,7 @@ use self::instance::Fresh;
 use self::pool::WarmPool;
 use self::state::RunState;
 use crate::backend::{Availability, Backend, Job, RunFuture};
-use crate::broker::{Broker, ToolGate};
+use crate::broker::ToolGate;
 use crate::{ErrorKind, RunError, RunResult};
 
 include!(concat!(env!("OUT_DIR"), "/component_digest.rs"));
@@ -296,24 +296,12 @@ impl WasmBackend {
             },
         };
         let outcome = fresh.run(job, gate).await;
-        let (ok, value, error) = match outcome.value {
-            Ok(value) => (true, value, None),
-            Err(e) => (false, serde_json::Value::Null, Some(e)),
-        };
-        RunResult {
-            ok,
-            value,
-            stdout: outcome.stdout.text,
-            stderr: outcome.stderr.text,
-            stdout_truncated: outcome.stdout.truncated,
-            stderr_truncated: outcome.stderr.truncated,
-            timed_out: error.as_ref().is_some_and(|e| e.kind == ErrorKind::Timeout),
-            error,
-            tool_calls: 0,
-            fuel_consumed: outcome.fuel_consumed,
-            duration: started.elapsed(),
-            backend: self.name().to_owned(),
-        }
+        RunResult::builder(self.name(), outcome.value)
+            .stdout(outcome.stdout)
+            .stderr(outcome.stderr)
+            .fuel_consumed(outcome.fuel_consumed)
+            .duration(started.elapsed())
+            .build()
     }
 }
 
@@ -445,12 +433,8 @@ impl Backend for WasmBackend {
         Availability::Available
     }
 
-    fn run(&self, job: Job, broker: Arc<Broker>) -> RunFuture<'_> {
-        Box::pin(async move {
-            let mut result = self.run_gated(job, broker.clone()).await;
-            result.tool_calls = broker.executed();
-            result
-        })
+    fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
+        Box::pin(self.run_gated(job, gate))
     }
 }
 

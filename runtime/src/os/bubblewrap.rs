@@ -33,7 +33,7 @@ use super::native::{
 use super::rlimits::{self, MAX_PROCESSES, PRLIMIT, Rlimits};
 use crate::Limits;
 use crate::backend::{Availability, Backend, Job, RunFuture};
-use crate::broker::Broker;
+use crate::broker::ToolGate;
 
 /// Where bubblewrap is; never looked up on `PATH`.
 pub const BWRAP: &str = "/usr/bin/bwrap";
@@ -238,8 +238,8 @@ impl Backend for BubblewrapBackend {
         }
     }
 
-    fn run(&self, job: Job, broker: Arc<Broker>) -> RunFuture<'_> {
-        Box::pin(native::run(self, job, broker))
+    fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
+        Box::pin(native::run(self, job, gate))
     }
 }
 

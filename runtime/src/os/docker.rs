@@ -28,7 +28,7 @@ use super::native::{
 use super::rlimits::{MAX_PROCESSES, PRLIMIT, Rlimits, scratch_bytes};
 use crate::Limits;
 use crate::backend::{Availability, Backend, Job, RunFuture};
-use crate::broker::Broker;
+use crate::broker::ToolGate;
 
 /// Where the Docker client is; never looked up on `PATH`.
 pub const DOCKER: &str = "/usr/bin/docker";
@@ -275,8 +275,8 @@ impl Backend for DockerBackend {
         Availability::Available
     }
 
-    fn run(&self, job: Job, broker: Arc<Broker>) -> RunFuture<'_> {
-        Box::pin(native::run(self, job, broker))
+    fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
+        Box::pin(native::run(self, job, gate))
     }
 }
 

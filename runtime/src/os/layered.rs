@@ -29,7 +29,7 @@ use super::host_layout::HostLayout;
 use super::native::backend_failure;
 use super::rlimits::Rlimits;
 use crate::backend::{Availability, Backend, Job, RunFuture};
-use crate::broker::Broker;
+use crate::broker::ToolGate;
 use crate::wasm::WasmBackend;
 use crate::{Limits, RunResult};
 
@@ -90,7 +90,7 @@ impl LayeredBackend {
 
     /// Off Unix: a `backend_error` (the worker reaches the broker over a Unix socket).
     #[cfg(not(unix))]
-    async fn run_job(&self, _job: Job, _broker: Arc<Broker>) -> RunResult {
+    async fn run_job(&self, _job: Job, _gate: Arc<dyn ToolGate>) -> RunResult {
         RunResult::failed(
             self.name(),
             backend_failure("the layered backend cannot run here", "wrong OS"),
@@ -99,10 +99,8 @@ impl LayeredBackend {
     }
 
     #[cfg(unix)]
-    async fn run_job(&self, job: Job, broker: Arc<Broker>) -> RunResult {
+    async fn run_job(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunResult {
         use std::time::Instant;
-
-        use serde_json::Value;
 
         use super::bubblewrap::process_allowance;
         use super::cgroup::{self, RunCgroup};
@@ -112,7 +110,6 @@ impl LayeredBackend {
         use super::server::SocketServer;
         use super::spawn::{self, Containment, Ended, SpawnSpec};
         use super::worker::WorkerRequest;
-        use crate::ErrorKind;
         use crate::wasm::ArtifactSource;
 
         let name = self.name();
@@ -141,7 +138,7 @@ impl LayeredBackend {
             Err(e) => return fail(backend_failure("the run directory could not be created", e)),
         };
         let host_dir = dir.path().to_owned();
-        let server = match SocketServer::start(dir, broker.clone(), &limits) {
+        let server = match SocketServer::start(dir, gate, &limits) {
             Ok(s) => s,
             Err(e) => {
                 return fail(backend_failure(
@@ -228,26 +225,13 @@ impl LayeredBackend {
             Reporter::Worker,
             limits.max_value_bytes(),
         );
-        let (ok, value, error) = match value {
-            Ok(v) => (true, v, None),
-            Err(e) => (false, Value::Null, Some(e)),
-        };
-        let (stdout, stdout_cut) = recap(report.stdout, limits.max_output_bytes());
-        let (stderr, stderr_cut) = recap(report.stderr, limits.max_output_bytes());
-        RunResult {
-            ok,
-            value,
-            stdout,
-            stderr,
-            stdout_truncated: report.stdout_truncated || stdout_cut,
-            stderr_truncated: report.stderr_truncated || stderr_cut,
-            timed_out: error.as_ref().is_some_and(|e| e.kind == ErrorKind::Timeout),
-            error,
-            tool_calls: broker.executed(),
-            fuel_consumed: report.fuel_consumed,
-            duration: started.elapsed(),
-            backend: name.to_owned(),
-        }
+        let cap = limits.max_output_bytes();
+        RunResult::builder(name, value)
+            .stdout(recap(report.stdout, report.stdout_truncated, cap))
+            .stderr(recap(report.stderr, report.stderr_truncated, cap))
+            .fuel_consumed(report.fuel_consumed)
+            .duration(started.elapsed())
+            .build()
     }
 }
 
@@ -271,17 +255,19 @@ pub fn worker_backend(cache_dir: &Path) -> Result<WasmBackend, String> {
 /// The worker's report of the guest's output is untrusted: text over the cap (plus room for
 /// the cut marker) is cut again here.
 #[cfg(unix)]
-fn recap(text: String, cap: u64) -> (String, bool) {
-    use crate::capture::CapturePipe;
+fn recap(text: String, truncated: bool, cap: u64) -> crate::capture::Captured {
+    use crate::capture::{CapturePipe, Captured};
 
     const MARKER_ROOM: u64 = 64;
     if (text.len() as u64) <= cap.saturating_add(MARKER_ROOM) {
-        return (text, false);
+        return Captured { text, truncated };
     }
     let pipe = CapturePipe::new(cap);
     pipe.push(text.as_bytes());
-    let c = pipe.captured();
-    (c.text, true)
+    Captured {
+        text: pipe.captured().text,
+        truncated: true,
+    }
 }
 
 /// The layered command line. Pure.
@@ -351,8 +337,8 @@ impl Backend for LayeredBackend {
         }
     }
 
-    fn run(&self, job: Job, broker: Arc<Broker>) -> RunFuture<'_> {
-        Box::pin(self.run_job(job, broker))
+    fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
+        Box::pin(self.run_job(job, gate))
     }
 }
 
@@ -404,11 +390,15 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn reported_output_over_the_cap_is_cut_again() {
-        let (text, cut) = recap("x".repeat(10_000), 100);
-        assert!(cut);
-        assert_eq!(text.matches('x').count(), 100);
-        let (text, cut) = recap("short".into(), 100);
-        assert!(!cut);
-        assert_eq!(text, "short");
+        let c = recap("x".repeat(10_000), false, 100);
+        assert!(c.truncated);
+        assert_eq!(c.text.matches('x').count(), 100);
+        let c = recap("short".into(), false, 100);
+        assert!(!c.truncated);
+        assert_eq!(c.text, "short");
+        assert!(
+            recap("short".into(), true, 100).truncated,
+            "the worker's own cut counts"
+        );
     }
 }

@@ -24,7 +24,7 @@ use super::native::{
 use super::rlimits::{PRLIMIT, Rlimits};
 use crate::Limits;
 use crate::backend::{Availability, Backend, Job, RunFuture};
-use crate::broker::Broker;
+use crate::broker::ToolGate;
 
 /// The name of the private working directory inside the run directory.
 pub const WORK_DIR: &str = "work";
@@ -132,8 +132,8 @@ impl Backend for LocalBackend {
         Availability::Available
     }
 
-    fn run(&self, job: Job, broker: Arc<Broker>) -> RunFuture<'_> {
-        Box::pin(native::run(self, job, broker))
+    fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
+        Box::pin(native::run(self, job, gate))
     }
 }
 

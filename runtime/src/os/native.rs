@@ -135,7 +135,7 @@ fn bindings_for(tools: &[Binding]) -> Vec<[&str; 3]> {
 pub(crate) async fn run(
     sandbox: &dyn NativeSandbox,
     _job: Job,
-    _broker: std::sync::Arc<crate::Broker>,
+    _gate: std::sync::Arc<dyn crate::broker::ToolGate>,
 ) -> crate::RunResult {
     let why = sandbox
         .preflight()
@@ -159,7 +159,7 @@ mod unix {
     use std::sync::Arc;
     use std::time::{Instant, SystemTime};
 
-    use serde_json::{Value, json};
+    use serde_json::json;
 
     use super::super::cgroup::{self, RunCgroup};
     use super::super::classify::{self, Evidence, Exit, Reporter};
@@ -172,15 +172,15 @@ mod unix {
         NativeRun, NativeSandbox, SOCKET_NAME, backend_failure, fuel_refused, request_json,
         run_cgroup, run_tag,
     };
+    use crate::RunResult;
     use crate::backend::Job;
-    use crate::broker::Broker;
-    use crate::{ErrorKind, RunResult};
+    use crate::broker::ToolGate;
 
     /// Runs a job's native guest in `sandbox`.
     pub(crate) async fn run(
         sandbox: &dyn NativeSandbox,
         job: Job,
-        broker: Arc<Broker>,
+        gate: Arc<dyn ToolGate>,
     ) -> RunResult {
         let started = Instant::now();
         let started_at = SystemTime::now();
@@ -210,7 +210,7 @@ mod unix {
                 host_dir.display(),
             ));
         };
-        let server = match SocketServer::start(dir, broker.clone(), &limits) {
+        let server = match SocketServer::start(dir, gate, &limits) {
             Ok(server) => server,
             Err(e) => {
                 return fail(backend_failure(
@@ -298,23 +298,10 @@ mod unix {
             Reporter::Guest,
             limits.max_value_bytes(),
         );
-        let (ok, value, error) = match value {
-            Ok(v) => (true, v, None),
-            Err(e) => (false, Value::Null, Some(e)),
-        };
-        RunResult {
-            ok,
-            value,
-            stdout: spawned.stdout.text,
-            stderr: spawned.stderr.text,
-            stdout_truncated: spawned.stdout.truncated,
-            stderr_truncated: spawned.stderr.truncated,
-            timed_out: error.as_ref().is_some_and(|e| e.kind == ErrorKind::Timeout),
-            error,
-            tool_calls: broker.executed(),
-            fuel_consumed: None,
-            duration: started.elapsed(),
-            backend: name.to_owned(),
-        }
+        RunResult::builder(name, value)
+            .stdout(spawned.stdout)
+            .stderr(spawned.stderr)
+            .duration(started.elapsed())
+            .build()
     }
 }

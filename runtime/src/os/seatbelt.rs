@@ -28,7 +28,7 @@ use super::native::{
 use super::rlimits::{MAX_OPEN_FILES, Rlimits};
 use crate::Limits;
 use crate::backend::{Availability, Backend, Job, RunFuture};
-use crate::broker::Broker;
+use crate::broker::ToolGate;
 
 /// Where `sandbox-exec` is; never looked up on `PATH`.
 pub const SANDBOX_EXEC: &str = "/usr/bin/sandbox-exec";
@@ -252,8 +252,8 @@ impl Backend for SeatbeltBackend {
         Availability::Available
     }
 
-    fn run(&self, job: Job, broker: Arc<Broker>) -> RunFuture<'_> {
-        Box::pin(native::run(self, job, broker))
+    fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
+        Box::pin(native::run(self, job, gate))
     }
 }
 

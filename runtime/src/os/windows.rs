@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use super::rlimits::MAX_PROCESSES;
 use crate::backend::{Availability, Backend, Job, RunFuture};
-use crate::broker::Broker;
+use crate::broker::ToolGate;
 use crate::{ErrorKind, Limits, RunError, RunResult};
 
 /// The Job Object limits of one run.
@@ -131,7 +131,7 @@ impl Backend for WindowsBackend {
         Availability::Unavailable(Self::unavailable_reason().into())
     }
 
-    fn run(&self, _job: Job, _broker: Arc<Broker>) -> RunFuture<'_> {
+    fn run(&self, _job: Job, _gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
         Box::pin(async {
             RunResult::failed(
                 "windows",
