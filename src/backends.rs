@@ -18,7 +18,10 @@ pub fn by_name(name: &str) -> Result<(Arc<dyn Backend>, Option<WasmBackend>), St
     Ok(match name {
         "wasm" => {
             // One run needs one instance: reserve pooling slots for a few, not for a thousand.
-            let wasm = WasmBackend::builder().max_instances(2).build()?;
+            let wasm = WasmBackend::builder()
+                .max_instances(2)
+                .build()
+                .map_err(|e| e.to_string())?;
             (Arc::new(wasm.clone()), Some(wasm))
         }
         "bubblewrap" => (Arc::new(BubblewrapBackend::new()), None),

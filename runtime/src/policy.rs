@@ -59,9 +59,7 @@ impl ToolPolicy {
         if let Some(ns) = &self.namespace
             && !registry.iter().any(|t| t.namespace() == ns)
         {
-            return Err(PolicyError(format!(
-                "no registered tool is in namespace `{ns}`"
-            )));
+            return Err(PolicyError::EmptyNamespace(ns.clone()));
         }
         if self.allow.is_empty()
             && let Some(ns) = &self.namespace
@@ -87,14 +85,18 @@ impl ToolPolicy {
             if let Some(pinned) = &self.namespace
                 && pinned != ns
             {
-                return Err(PolicyError(format!(
-                    "allowed tool `{entry}` is outside the pinned namespace `{pinned}`"
-                )));
+                return Err(PolicyError::OutsideNamespace {
+                    entry: entry.to_owned(),
+                    namespace: pinned.clone(),
+                });
             }
             return registry
                 .get(ns, name)
                 .cloned()
-                .ok_or_else(|| PolicyError(format!("allowed tool `{entry}` is not registered")));
+                .ok_or_else(|| PolicyError::UnknownTool {
+                    entry: entry.to_owned(),
+                    namespace: None,
+                });
         }
         let mut matches = registry.iter().filter(|t| {
             t.name() == entry
@@ -105,15 +107,14 @@ impl ToolPolicy {
         });
         match (matches.next(), matches.next()) {
             (Some(tool), None) => Ok(tool.clone()),
-            (None, _) => Err(PolicyError(match &self.namespace {
-                Some(ns) => format!("allowed tool `{entry}` is not registered in namespace `{ns}`"),
-                None => format!("allowed tool `{entry}` is not registered"),
-            })),
-            (Some(a), Some(b)) => Err(PolicyError(format!(
-                "allowed tool `{entry}` is ambiguous (`{}` and `{}`); write `namespace.{entry}`",
-                qualified(a.as_ref()),
-                qualified(b.as_ref())
-            ))),
+            (None, _) => Err(PolicyError::UnknownTool {
+                entry: entry.to_owned(),
+                namespace: self.namespace.clone(),
+            }),
+            (Some(a), Some(b)) => Err(PolicyError::Ambiguous {
+                entry: entry.to_owned(),
+                candidates: [qualified(a.as_ref()), qualified(b.as_ref())],
+            }),
         }
     }
 }
@@ -122,13 +123,66 @@ fn qualified(tool: &dyn Tool) -> String {
     format!("{}.{}", tool.namespace(), tool.name())
 }
 
-/// A policy that does not fit the registry.
+/// A policy that does not fit the registry. Each kind names the entry (or namespace) at
+/// fault, so a host can point at it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicyError(String);
+#[non_exhaustive]
+pub enum PolicyError {
+    /// No registered tool is in the pinned namespace.
+    EmptyNamespace(String),
+    /// An allowed entry names no registered tool (in `namespace`, when the policy pins one
+    /// and the entry is bare).
+    UnknownTool {
+        /// The entry as written (trimmed).
+        entry: String,
+        /// The pinned namespace the bare entry was looked up in.
+        namespace: Option<String>,
+    },
+    /// A bare entry names tools in more than one namespace.
+    Ambiguous {
+        /// The entry as written (trimmed).
+        entry: String,
+        /// Two of the qualified names it matches.
+        candidates: [String; 2],
+    },
+    /// A qualified entry lies outside the pinned namespace.
+    OutsideNamespace {
+        /// The entry as written (trimmed).
+        entry: String,
+        /// The pinned namespace.
+        namespace: String,
+    },
+}
 
 impl fmt::Display for PolicyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            PolicyError::EmptyNamespace(ns) => {
+                write!(f, "no registered tool is in namespace `{ns}`")
+            }
+            PolicyError::UnknownTool {
+                entry,
+                namespace: Some(ns),
+            } => write!(
+                f,
+                "allowed tool `{entry}` is not registered in namespace `{ns}`"
+            ),
+            PolicyError::UnknownTool {
+                entry,
+                namespace: None,
+            } => write!(f, "allowed tool `{entry}` is not registered"),
+            PolicyError::Ambiguous {
+                entry,
+                candidates: [a, b],
+            } => write!(
+                f,
+                "allowed tool `{entry}` is ambiguous (`{a}` and `{b}`); write `namespace.{entry}`"
+            ),
+            PolicyError::OutsideNamespace { entry, namespace } => write!(
+                f,
+                "allowed tool `{entry}` is outside the pinned namespace `{namespace}`"
+            ),
+        }
     }
 }
 

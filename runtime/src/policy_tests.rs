@@ -111,6 +111,44 @@ fn typos_and_out_of_namespace_entries_fail_loudly() {
 }
 
 #[test]
+fn each_fault_has_its_kind_naming_the_entry() {
+    let r = registry();
+    let resolve = |p: ToolPolicy| p.resolve(&r).unwrap_err();
+    assert_eq!(
+        resolve(ToolPolicy::new().namespace("maths")),
+        PolicyError::EmptyNamespace("maths".into())
+    );
+    assert_eq!(
+        resolve(ToolPolicy::new().allow(" math.ad ")),
+        PolicyError::UnknownTool {
+            entry: "math.ad".into(),
+            namespace: None
+        }
+    );
+    assert_eq!(
+        resolve(ToolPolicy::new().namespace("math").allow("echo")),
+        PolicyError::UnknownTool {
+            entry: "echo".into(),
+            namespace: Some("math".into())
+        }
+    );
+    assert_eq!(
+        resolve(ToolPolicy::new().namespace("math").allow("text.echo")),
+        PolicyError::OutsideNamespace {
+            entry: "text.echo".into(),
+            namespace: "math".into()
+        }
+    );
+    assert_eq!(
+        resolve(ToolPolicy::new().allow("add")),
+        PolicyError::Ambiguous {
+            entry: "add".into(),
+            candidates: ["math.add".into(), "other.add".into()]
+        }
+    );
+}
+
+#[test]
 fn lookup_is_exact() {
     let exposed = ToolPolicy::new()
         .namespace("math")

@@ -169,7 +169,7 @@ pub enum BuildError {
     /// The backend does not isolate and `allow_no_isolation` was not set.
     NoIsolation(&'static str),
     /// The default wasm backend could not be created.
-    Backend(String),
+    Backend(crate::wasm::WasmError),
 }
 
 impl fmt::Display for BuildError {

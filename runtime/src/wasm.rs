@@ -15,6 +15,7 @@ mod classify;
 #[cfg(test)]
 mod component_tests;
 mod engine;
+mod error;
 mod instance;
 mod linker;
 mod pool;
@@ -23,12 +24,13 @@ mod state;
 mod swap;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use wasmtime::Engine;
 
 pub use self::cache::{ArtifactSource, ENV_CACHE_DIR, default_cache_dir};
+pub use self::error::WasmError;
 pub use self::linker::CapabilityDenied;
 
 use self::bindings::SandboxPre;
@@ -147,7 +149,7 @@ impl WasmBackendBuilder {
     /// # Errors
     ///
     /// When the engine cannot be created.
-    pub fn build(self) -> Result<WasmBackend, String> {
+    pub fn build(self) -> Result<WasmBackend, WasmError> {
         let reset = if self.reset_in_place {
             SlotReset::for_this_host()
         } else {
@@ -171,21 +173,26 @@ impl WasmBackend {
     /// # Errors
     ///
     /// When the engine cannot be created (for example, the host cannot start a thread).
-    pub fn new(cache_dir: Option<PathBuf>) -> Result<Self, String> {
+    pub fn new(cache_dir: Option<PathBuf>) -> Result<Self, WasmError> {
         Self::builder().cache_dir(cache_dir).build()
     }
 
     /// The process-wide backend with the default cache directory ([`default_cache_dir`]).
-    /// Every [`Runner`](crate::Runner) built without an explicit backend shares it.
+    /// Every [`Runner`](crate::Runner) built without an explicit backend shares it. A failure
+    /// is not kept: the next call tries again (the host may have freed address space).
     ///
     /// # Errors
     ///
     /// As for [`WasmBackend::new`].
-    pub fn shared() -> Result<Self, String> {
-        static SHARED: OnceLock<Result<WasmBackend, String>> = OnceLock::new();
-        SHARED
-            .get_or_init(|| WasmBackend::builder().build())
-            .clone()
+    pub fn shared() -> Result<Self, WasmError> {
+        static SHARED: Mutex<Option<WasmBackend>> = Mutex::new(None);
+        let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(backend) = &*shared {
+            return Ok(backend.clone());
+        }
+        let backend = WasmBackend::builder().build()?;
+        *shared = Some(backend.clone());
+        Ok(backend)
     }
 
     /// The cache directory, if any.
@@ -226,8 +233,9 @@ impl WasmBackend {
     ///
     /// # Errors
     ///
-    /// When the guest cannot be compiled or linked; the message is for the operator.
-    pub async fn prepare(&self) -> Result<ArtifactSource, String> {
+    /// [`WasmError`] when the guest cannot be compiled or linked; its message is for the
+    /// operator.
+    pub async fn prepare(&self) -> Result<ArtifactSource, WasmError> {
         self.inner.prepare().await
     }
 
@@ -236,13 +244,13 @@ impl WasmBackend {
     /// # Errors
     ///
     /// As for [`WasmBackend::prepare`].
-    pub async fn guest_imports(&self) -> Result<Vec<String>, String> {
+    pub async fn guest_imports(&self) -> Result<Vec<String>, WasmError> {
         self.prepare().await?;
         let prepared = self
             .inner
             .prepared
             .get()
-            .ok_or("the guest is not prepared")?;
+            .ok_or_else(|| WasmError::Interrupted("the guest is not prepared".into()))?;
         let component = prepared.pre.instance_pre().component();
         Ok(component
             .component_type()
@@ -308,10 +316,10 @@ impl WasmBackend {
 impl Inner {
     /// An engine for `settings` that resets its slots as `reset` says (or releases them, where
     /// the pooling allocator is unavailable); the guest is loaded on first use.
-    fn new(settings: WasmBackendBuilder, reset: SlotReset) -> Result<Inner, String> {
+    fn new(settings: WasmBackendBuilder, reset: SlotReset) -> Result<Inner, WasmError> {
         let max_instances = settings.max_instances.max(settings.warm_pool as u32 + 1);
         let (engine, reset) = engine::new_engine(max_instances, settings.meter_fuel, reset)
-            .map_err(|e| format!("creating the wasm engine: {e}"))?;
+            .map_err(|e| WasmError::Engine(e.to_string()))?;
         Ok(Inner {
             engine,
             reset,
@@ -325,14 +333,14 @@ impl Inner {
     }
 
     /// Loads (or compiles) the guest once, and starts the warm pool's filler.
-    async fn prepare(self: &Arc<Self>) -> Result<ArtifactSource, String> {
+    async fn prepare(self: &Arc<Self>) -> Result<ArtifactSource, WasmError> {
         let inner = self.clone();
         let prepared = self
             .prepared
             .get_or_try_init(|| async move {
                 tokio::task::spawn_blocking(move || prepare_blocking(&inner))
                     .await
-                    .map_err(|e| format!("preparing the guest panicked: {e}"))?
+                    .map_err(|e| WasmError::Interrupted(e.to_string()))?
             })
             .await?;
         if let Some(pool) = &self.pool {
@@ -346,7 +354,7 @@ impl Inner {
     /// releases its slots takes over for good (created once; it loads the guest again), and
     /// this engine's used stores are never recycled (`reaper::dispose`). Checked on every
     /// run: a run that started here after its engine's last slot was kept could not start.
-    async fn current(self: &Arc<Self>) -> Result<Arc<Inner>, String> {
+    async fn current(self: &Arc<Self>) -> Result<Arc<Inner>, WasmError> {
         self.prepare().await?;
         if self.reset != SlotReset::InPlace || !swap::in_use() {
             return Ok(self.clone());
@@ -399,7 +407,7 @@ impl Inner {
     }
 }
 
-fn prepare_blocking(inner: &Inner) -> Result<Prepared, String> {
+fn prepare_blocking(inner: &Inner) -> Result<Prepared, WasmError> {
     let started = Instant::now();
     let (component, source) = cache::load_or_compile(
         &inner.engine,
@@ -407,15 +415,15 @@ fn prepare_blocking(inner: &Inner) -> Result<Prepared, String> {
         COMPONENT_DIGEST,
         inner.settings.cache_dir.as_deref(),
     )
-    .map_err(|e| format!("compiling the guest: {e}"))?;
+    .map_err(|e| WasmError::Compile(e.to_string()))?;
     let loaded = started.elapsed();
     let linker =
-        linker::build(&inner.engine, &component).map_err(|e| format!("linking the guest: {e}"))?;
+        linker::build(&inner.engine, &component).map_err(|e| WasmError::Link(e.to_string()))?;
     let pre = linker
         .instantiate_pre(&component)
-        .map_err(|e| format!("pre-instantiating the guest: {e}"))?;
-    let pre =
-        SandboxPre::new(pre).map_err(|e| format!("the guest does not fit the contract: {e}"))?;
+        .map_err(|e| WasmError::Link(format!("pre-instantiating: {e}")))?;
+    let pre = SandboxPre::new(pre)
+        .map_err(|e| WasmError::Link(format!("the guest does not fit the contract: {e}")))?;
     tracing::debug!(?source, ?loaded, total = ?started.elapsed(), "pycage: guest prepared");
     Ok(Prepared { pre, source })
 }

@@ -19,10 +19,13 @@ const REGEX_1MB: &str =
 /// Runs every case (or those whose name contains `only`).
 pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, String> {
     let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
-    let fresh = runner(WasmBackend::builder().build()?, 100)?;
-    let backend = WasmBackend::builder().build()?;
+    let fresh = runner(
+        WasmBackend::builder().build().map_err(|e| e.to_string())?,
+        100,
+    )?;
+    let backend = WasmBackend::builder().build().map_err(|e| e.to_string())?;
     eprintln!("pycage bench: preparing the guest...");
-    backend.prepare().await?;
+    backend.prepare().await.map_err(|e| e.to_string())?;
     if !backend.resets_slots_in_place() {
         eprintln!(
             "pycage bench: wasm memory slots after a run: {}",
@@ -87,9 +90,12 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
         });
     }
     if wanted("fuel_overhead") {
-        let unmetered = WasmBackend::builder().meter_fuel(false).build()?;
+        let unmetered = WasmBackend::builder()
+            .meter_fuel(false)
+            .build()
+            .map_err(|e| e.to_string())?;
         eprintln!("pycage bench: preparing an unmetered engine (compiles once)...");
-        unmetered.prepare().await?;
+        unmetered.prepare().await.map_err(|e| e.to_string())?;
         let off = runner(unmetered, 100)?;
         // Interleaved, so drift in the machine's load hits both sides alike.
         let (mut metered, mut plain) = (Vec::new(), Vec::new());
@@ -121,8 +127,11 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
         });
     }
     if wanted("tool_call") {
-        let unmetered = WasmBackend::builder().meter_fuel(false).build()?;
-        unmetered.prepare().await?;
+        let unmetered = WasmBackend::builder()
+            .meter_fuel(false)
+            .build()
+            .map_err(|e| e.to_string())?;
+        unmetered.prepare().await.map_err(|e| e.to_string())?;
         let (metered, unmetered) = (
             runner(backend.clone(), 100_000)?,
             runner(unmetered, 100_000)?,
@@ -242,8 +251,9 @@ async fn pool_latency(meter_fuel: bool, s: &Settings) -> Result<Summary, String>
     let pooled = WasmBackend::builder()
         .meter_fuel(meter_fuel)
         .warm_pool(4)
-        .build()?;
-    pooled.prepare().await?;
+        .build()
+        .map_err(|e| e.to_string())?;
+    pooled.prepare().await.map_err(|e| e.to_string())?;
     let r = runner(pooled.clone(), 100)?;
     let mut samples = Vec::with_capacity(s.iterations);
     for _ in 0..s.iterations {

@@ -30,7 +30,7 @@ use super::native::backend_failure;
 use super::rlimits::Rlimits;
 use crate::backend::{Availability, Backend, Job, RunFuture};
 use crate::broker::ToolGate;
-use crate::wasm::WasmBackend;
+use crate::wasm::{WasmBackend, WasmError};
 use crate::{Limits, RunResult};
 
 /// Where the worker executable appears inside the sandbox.
@@ -55,7 +55,7 @@ const WORKER_DIAGNOSTICS_BYTES: u64 = 16 * 1024;
 pub struct LayeredBackend {
     worker: PathBuf,
     cache_dir: PathBuf,
-    host: Result<WasmBackend, String>,
+    host: Result<WasmBackend, WasmError>,
     layout: Arc<HostLayout>,
 }
 
@@ -245,7 +245,7 @@ impl LayeredBackend {
 /// # Errors
 ///
 /// When the engine cannot be created.
-pub fn worker_backend(cache_dir: &Path) -> Result<WasmBackend, String> {
+pub fn worker_backend(cache_dir: &Path) -> Result<WasmBackend, WasmError> {
     WasmBackend::builder()
         .cache_dir(Some(cache_dir.to_owned()))
         .max_instances(2)
