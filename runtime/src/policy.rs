@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use pycage_tools::{Tool, ToolRegistry};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// Which tools the guest may call. Deny by default: the empty policy exposes nothing.
 ///
@@ -200,6 +201,7 @@ pub struct ExposedTools {
 
 /// How the guest sees one exposed tool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Binding {
     /// The global name of the async function in the code; `None` when the bare name is
     /// ambiguous and only `call_tool("namespace.name")` reaches the tool.
@@ -208,6 +210,10 @@ pub struct Binding {
     pub qualified: String,
     /// The tool's one-line description.
     pub description: String,
+    /// The JSON schema of the tool's arguments object, as the tool declares it (so a
+    /// description for a model can show its parameters).
+    #[serde(default)]
+    pub parameters: Value,
 }
 
 impl fmt::Debug for ExposedTools {
@@ -236,6 +242,7 @@ impl ExposedTools {
                 binding: unique.then(|| tool.name().to_owned()),
                 qualified: q.clone(),
                 description: tool.description().to_owned(),
+                parameters: tool.parameters().clone(),
             });
         }
         ExposedTools { by_name, bindings }

@@ -111,6 +111,23 @@ fn typos_and_out_of_namespace_entries_fail_loudly() {
 }
 
 #[test]
+fn bindings_carry_each_tools_parameter_schema() {
+    let exposed = ToolPolicy::new()
+        .allow("text.echo")
+        .resolve(&registry())
+        .unwrap();
+    let [echo] = exposed.bindings() else {
+        panic!("one binding")
+    };
+    assert_eq!(echo.qualified, "text.echo");
+    assert_eq!(
+        echo.parameters["properties"]["text"]["type"],
+        json!("string")
+    );
+    assert_eq!(echo.parameters["required"], json!(["text"]));
+}
+
+#[test]
 fn each_fault_has_its_kind_naming_the_entry() {
     let r = registry();
     let resolve = |p: ToolPolicy| p.resolve(&r).unwrap_err();
