@@ -3,10 +3,7 @@
 use std::sync::Arc;
 
 use pycage::os::BACKEND_NAMES;
-use pycage::{
-    Availability, Backend, BubblewrapBackend, DockerBackend, LayeredBackend, LocalBackend,
-    SeatbeltBackend, WasmBackend, WindowsBackend,
-};
+use pycage::{Availability, Backend, BackendOptions, WasmBackend, backend_by_name};
 use serde_json::json;
 
 use crate::cli::BackendsArgs;
@@ -15,38 +12,20 @@ use crate::exit::Exit;
 /// The backend called `name`, and the wasm backend when it is that one (for the first-run
 /// notice).
 pub fn by_name(name: &str) -> Result<(Arc<dyn Backend>, Option<WasmBackend>), String> {
-    Ok(match name {
-        "wasm" => {
-            // One run needs one instance: reserve pooling slots for a few, not for a thousand.
-            let wasm = WasmBackend::builder()
-                .max_instances(2)
-                .build()
-                .map_err(|e| e.to_string())?;
-            (Arc::new(wasm.clone()), Some(wasm))
-        }
-        "bubblewrap" => (Arc::new(BubblewrapBackend::new()), None),
-        "docker" => (Arc::new(DockerBackend::new()), None),
-        "seatbelt" => (Arc::new(SeatbeltBackend::new()), None),
-        "windows" => (Arc::new(WindowsBackend::new()), None),
-        "local" => (Arc::new(LocalBackend::new()), None),
-        "wasm+bubblewrap" => (Arc::new(layered()?), None),
-        other => {
-            return Err(format!(
-                "unknown backend `{other}` (one of: {})",
-                BACKEND_NAMES.join(", ")
-            ));
-        }
-    })
-}
-
-/// The layered backend with this executable as its worker.
-fn layered() -> Result<LayeredBackend, String> {
-    let exe = std::env::current_exe()
-        .map_err(|e| format!("wasm+bubblewrap: cannot find the pycage executable: {e}"))?;
-    let cache = pycage::wasm::default_cache_dir().ok_or(
-        "wasm+bubblewrap needs the artifact cache (PYCAGE_CACHE_DIR is `off` or no home directory is set)",
-    )?;
-    Ok(LayeredBackend::new(exe, cache))
+    let mut options = BackendOptions::new();
+    let wasm = if name == "wasm" {
+        // One run needs one instance: reserve pooling slots for a few, not for a thousand.
+        let wasm = WasmBackend::builder()
+            .max_instances(2)
+            .build()
+            .map_err(|e| e.to_string())?;
+        options = options.wasm(wasm.clone());
+        Some(wasm)
+    } else {
+        None
+    };
+    let backend = backend_by_name(name, &options).map_err(|e| e.to_string())?;
+    Ok((backend, wasm))
 }
 
 pub fn list(args: BackendsArgs) -> Exit {

@@ -83,3 +83,136 @@ pub trait Backend: Send + Sync + 'static {
     /// Runs one job. `gate` is the only channel to host tools.
     fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_>;
 }
+
+/// What [`backend_by_name`] needs beyond a name. The defaults: the process-wide
+/// [`WasmBackend::shared`](crate::WasmBackend::shared) for `wasm`, and this process's own
+/// executable as the layered backend's worker.
+#[derive(Debug, Clone, Default)]
+pub struct BackendOptions {
+    wasm: Option<crate::WasmBackend>,
+    worker: Option<std::path::PathBuf>,
+}
+
+impl BackendOptions {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The backend `wasm` names (a host keeps its own handle to it: its cache, its pool).
+    pub fn wasm(mut self, backend: crate::WasmBackend) -> Self {
+        self.wasm = Some(backend);
+        self
+    }
+
+    /// The layered backend's worker: an absolute path to an executable that serves
+    /// `<exe> worker --cache-dir DIR` with [`os::worker::serve`](crate::os) (the `pycage`
+    /// CLI does).
+    pub fn worker(mut self, executable: std::path::PathBuf) -> Self {
+        self.worker = Some(executable);
+        self
+    }
+}
+
+/// Why [`backend_by_name`] could not give a backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// No backend has that name; the error carries it.
+    Unknown(String),
+    /// The wasm engine could not be created (for `wasm`, or the layered backend's host side).
+    Wasm(crate::WasmError),
+    /// The layered backend has no worker executable or no artifact cache to give its worker.
+    Worker(String),
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendError::Unknown(name) => write!(
+                f,
+                "unknown backend `{name}` (one of: {})",
+                crate::os::BACKEND_NAMES.join(", ")
+            ),
+            BackendError::Wasm(e) => write!(f, "wasm: {e}"),
+            BackendError::Worker(why) => write!(f, "wasm+bubblewrap: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for BackendError {}
+
+/// The backend called `name`, as `--backend` takes it (one of
+/// [`os::BACKEND_NAMES`](crate::os::BACKEND_NAMES)), with its default settings: the one list
+/// of names the CLI and the servers share. A backend that cannot run on this host is still
+/// returned; its [`availability`](Backend::availability) says why not.
+///
+/// # Errors
+///
+/// [`BackendError`] for an unknown name, or when the backend cannot even be constructed.
+pub fn backend_by_name(
+    name: &str,
+    options: &BackendOptions,
+) -> Result<Arc<dyn Backend>, BackendError> {
+    use crate::os::{
+        BubblewrapBackend, DockerBackend, LayeredBackend, LocalBackend, SeatbeltBackend,
+        WindowsBackend,
+    };
+    Ok(match name {
+        "wasm" => Arc::new(match &options.wasm {
+            Some(wasm) => wasm.clone(),
+            None => crate::WasmBackend::shared().map_err(BackendError::Wasm)?,
+        }),
+        "bubblewrap" => Arc::new(BubblewrapBackend::new()),
+        "docker" => Arc::new(DockerBackend::new()),
+        "seatbelt" => Arc::new(SeatbeltBackend::new()),
+        "windows" => Arc::new(WindowsBackend::new()),
+        "local" => Arc::new(LocalBackend::new()),
+        "wasm+bubblewrap" => {
+            let worker = match &options.worker {
+                Some(exe) => exe.clone(),
+                None => std::env::current_exe().map_err(|e| {
+                    BackendError::Worker(format!("cannot find this executable: {e}"))
+                })?,
+            };
+            let cache = crate::wasm::default_cache_dir().ok_or_else(|| {
+                BackendError::Worker(
+                    "needs the artifact cache (PYCAGE_CACHE_DIR is `off` or no cache \
+                     directory is known)"
+                        .into(),
+                )
+            })?;
+            Arc::new(LayeredBackend::new(worker, cache))
+        }
+        other => return Err(BackendError::Unknown(other.to_owned())),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_name_gives_the_backend_of_that_name() {
+        let wasm = crate::WasmBackend::builder()
+            .max_instances(1)
+            .cache_dir(None)
+            .build()
+            .unwrap();
+        let options = BackendOptions::new()
+            .wasm(wasm)
+            .worker("/usr/bin/pycage-worker".into());
+        for name in crate::os::BACKEND_NAMES {
+            let backend = backend_by_name(name, &options).unwrap();
+            assert_eq!(backend.name(), *name);
+        }
+        let unknown = backend_by_name("wasm ", &options).err();
+        assert_eq!(unknown, Some(BackendError::Unknown("wasm ".into())));
+        assert!(
+            unknown
+                .unwrap()
+                .to_string()
+                .contains("one of: wasm, bubblewrap")
+        );
+    }
+}

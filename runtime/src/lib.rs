@@ -38,7 +38,7 @@ mod result;
 mod runner;
 pub mod wasm;
 
-pub use backend::{Availability, Backend, Job};
+pub use backend::{Availability, Backend, BackendError, BackendOptions, Job, backend_by_name};
 pub use broker::{Broker, CallError, ToolGate};
 pub use limits::{Limits, LimitsBuilder, LimitsError, MAX_MEMORY_BYTES, MIN_MEMORY_BYTES};
 pub use os::{
@@ -48,7 +48,7 @@ pub use policy::{ExposedTools, PolicyError, ToolPolicy};
 pub use pycage_tools;
 pub use result::{ErrorKind, RunError, RunResult, RunResultBuilder};
 pub use runner::{BuildError, Runner, RunnerBuilder};
-pub use wasm::{ArtifactSource, WasmBackend};
+pub use wasm::{ArtifactSource, WasmBackend, WasmBackendBuilder, WasmError};
 
 /// The README's Rust code blocks, compiled as doc tests so they cannot rot.
 #[cfg(doctest)]
