@@ -24,6 +24,8 @@ pub struct Job {
     pub limits: Limits,
     /// The tools the guest should define (the broker decides what each call may do).
     pub tools: Vec<Binding>,
+    /// The files the code gets in its working directory (checked against the limits).
+    pub files: Vec<crate::InputFile>,
 }
 
 /// Whether a backend can run on this host.

@@ -29,6 +29,7 @@
 pub mod backend;
 pub mod broker;
 pub mod capture;
+pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 mod limits;
@@ -40,6 +41,7 @@ pub mod wasm;
 
 pub use backend::{Availability, Backend, BackendError, BackendOptions, Job, backend_by_name};
 pub use broker::{Broker, CallError, ToolGate};
+pub use files::{InputFile, OutputFile};
 pub use limits::{Limits, LimitsBuilder, LimitsError, MAX_MEMORY_BYTES, MIN_MEMORY_BYTES};
 pub use os::{
     BubblewrapBackend, DockerBackend, LayeredBackend, LocalBackend, SeatbeltBackend, WindowsBackend,
@@ -47,7 +49,7 @@ pub use os::{
 pub use policy::{ExposedTools, PolicyError, ToolPolicy};
 pub use pycage_tools;
 pub use result::{ErrorKind, RunError, RunResult, RunResultBuilder};
-pub use runner::{BuildError, Runner, RunnerBuilder};
+pub use runner::{BuildError, RunRequest, Runner, RunnerBuilder};
 pub use wasm::{ArtifactSource, WasmBackend, WasmBackendBuilder, WasmError};
 
 /// The README's Rust code blocks, compiled as doc tests so they cannot rot.

@@ -23,6 +23,11 @@ use serde::{Deserialize, Serialize};
 /// | `max_tool_result_bytes` | 4 MiB |
 /// | `max_value_bytes` (the return value's JSON) | 4 MiB |
 /// | `max_code_bytes` | 16 MiB |
+/// | `max_input_bytes` (all input files together) | 32 MiB |
+/// | `max_written_bytes` (all the code writes to its files) | 32 MiB |
+/// | `max_files` (files and directories in the scratch directory) | 1,000 |
+/// | `max_file_bytes` (one file) | 16 MiB |
+/// | `max_returned_bytes` (the produced files' contents in the result) | 16 MiB |
 ///
 /// ```
 /// use std::time::Duration;
@@ -46,6 +51,11 @@ pub struct Limits {
     max_tool_result_bytes: u64,
     max_value_bytes: u64,
     max_code_bytes: u64,
+    max_input_bytes: u64,
+    max_written_bytes: u64,
+    max_files: u32,
+    max_file_bytes: u64,
+    max_returned_bytes: u64,
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -55,6 +65,13 @@ pub const MAX_MEMORY_BYTES: u64 = 4 * 1024 * MIB;
 
 /// The smallest memory limit the Python guest can start in.
 pub const MIN_MEMORY_BYTES: u64 = 64 * MIB;
+
+/// The largest file budget (input, written, returned): what a host may spend on one scratch
+/// directory's disk.
+const MAX_SCRATCH_BYTES: u64 = 16 * 1024 * MIB;
+
+/// The most files a scratch directory may be allowed.
+const MAX_FILES: u32 = 1_000_000;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -69,6 +86,11 @@ impl Default for Limits {
             max_tool_result_bytes: 4 * MIB,
             max_value_bytes: 4 * MIB,
             max_code_bytes: 16 * MIB,
+            max_input_bytes: 32 * MIB,
+            max_written_bytes: 32 * MIB,
+            max_files: 1000,
+            max_file_bytes: 16 * MIB,
+            max_returned_bytes: 16 * MIB,
         }
     }
 }
@@ -119,6 +141,28 @@ impl Limits {
     pub fn max_code_bytes(&self) -> u64 {
         self.max_code_bytes
     }
+    /// The most bytes the input files of a run may hold together.
+    pub fn max_input_bytes(&self) -> u64 {
+        self.max_input_bytes
+    }
+    /// The most bytes the code may write to files in its scratch directory, counted on every
+    /// write (over the directory's life: one run's, or a whole session's).
+    pub fn max_written_bytes(&self) -> u64 {
+        self.max_written_bytes
+    }
+    /// The most files and directories the scratch directory may hold (inputs included).
+    pub fn max_files(&self) -> u32 {
+        self.max_files
+    }
+    /// The largest one file in the scratch directory may grow.
+    pub fn max_file_bytes(&self) -> u64 {
+        self.max_file_bytes
+    }
+    /// The most bytes of produced files' contents a result carries; files past it are
+    /// listed with their size but without their bytes.
+    pub fn max_returned_bytes(&self) -> u64 {
+        self.max_returned_bytes
+    }
 }
 
 /// Builds [`Limits`]; [`LimitsBuilder::build`] validates.
@@ -138,6 +182,11 @@ pub struct LimitsBuilder {
     pub max_tool_result_bytes: u64,
     pub max_value_bytes: u64,
     pub max_code_bytes: u64,
+    pub max_input_bytes: u64,
+    pub max_written_bytes: u64,
+    pub max_files: u32,
+    pub max_file_bytes: u64,
+    pub max_returned_bytes: u64,
 }
 
 impl Default for LimitsBuilder {
@@ -159,6 +208,11 @@ impl From<Limits> for LimitsBuilder {
             max_tool_result_bytes: l.max_tool_result_bytes,
             max_value_bytes: l.max_value_bytes,
             max_code_bytes: l.max_code_bytes,
+            max_input_bytes: l.max_input_bytes,
+            max_written_bytes: l.max_written_bytes,
+            max_files: l.max_files,
+            max_file_bytes: l.max_file_bytes,
+            max_returned_bytes: l.max_returned_bytes,
         }
     }
 }
@@ -221,6 +275,28 @@ impl LimitsBuilder {
         /// Sets the cap on the source code; must be more than zero.
         max_code_bytes: u64
     );
+    setter!(
+        /// Sets the cap on all input files together; zero accepts no input bytes.
+        max_input_bytes: u64
+    );
+    setter!(
+        /// Sets how many bytes the code may write to its files; zero makes them read-only in
+        /// effect (every write is `ENOSPC`).
+        max_written_bytes: u64
+    );
+    setter!(
+        /// Sets how many files and directories the scratch directory may hold.
+        max_files: u32
+    );
+    setter!(
+        /// Sets the largest size of one file; must be more than zero.
+        max_file_bytes: u64
+    );
+    setter!(
+        /// Sets the cap on the produced files' contents in a result; zero returns names and
+        /// sizes only.
+        max_returned_bytes: u64
+    );
 
     /// Validates and returns the limits.
     ///
@@ -252,6 +328,7 @@ impl LimitsBuilder {
             ("max_tool_result_bytes", self.max_tool_result_bytes),
             ("max_value_bytes", self.max_value_bytes),
             ("max_code_bytes", self.max_code_bytes),
+            ("max_file_bytes", self.max_file_bytes),
         ] {
             if value == 0 {
                 return err(field, "must be more than zero".into());
@@ -259,6 +336,18 @@ impl LimitsBuilder {
             if value > MAX_MEMORY_BYTES {
                 return err(field, "must not exceed 4 GiB".into());
             }
+        }
+        for (field, value) in [
+            ("max_input_bytes", self.max_input_bytes),
+            ("max_written_bytes", self.max_written_bytes),
+            ("max_returned_bytes", self.max_returned_bytes),
+        ] {
+            if value > MAX_SCRATCH_BYTES {
+                return err(field, "must not exceed 16 GiB".into());
+            }
+        }
+        if self.max_files > MAX_FILES {
+            return err("max_files", format!("must not exceed {MAX_FILES}"));
         }
         Ok(Limits {
             wall_timeout: self.wall_timeout,
@@ -271,6 +360,11 @@ impl LimitsBuilder {
             max_tool_result_bytes: self.max_tool_result_bytes,
             max_value_bytes: self.max_value_bytes,
             max_code_bytes: self.max_code_bytes,
+            max_input_bytes: self.max_input_bytes,
+            max_written_bytes: self.max_written_bytes,
+            max_files: self.max_files,
+            max_file_bytes: self.max_file_bytes,
+            max_returned_bytes: self.max_returned_bytes,
         })
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use pycage_tools::json::{self, JsonError};
 
 use crate::capture::Captured;
+use crate::files::OutputFile;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -41,6 +42,10 @@ pub struct RunResult {
     pub backend: String,
     /// True when the wall-clock limit ended the run.
     pub timed_out: bool,
+    /// The files the code created or changed in its working directory, sorted by path.
+    /// Serialized with their bytes as base64 (`null` for a file past `max_returned_bytes`).
+    #[serde(default)]
+    pub files: Vec<OutputFile>,
 }
 
 impl RunResult {
@@ -66,6 +71,7 @@ impl RunResult {
             fuel_consumed: None,
             duration: Duration::ZERO,
             backend: backend.to_owned(),
+            files: Vec::new(),
         })
     }
 
@@ -100,6 +106,12 @@ impl RunResultBuilder {
     /// The fuel the run consumed, where the backend meters it.
     pub fn fuel_consumed(mut self, fuel: Option<u64>) -> Self {
         self.0.fuel_consumed = fuel;
+        self
+    }
+
+    /// The files the code produced.
+    pub fn files(mut self, files: Vec<OutputFile>) -> Self {
+        self.0.files = files;
         self
     }
 

@@ -86,21 +86,44 @@ impl Runner {
         vars: Map<String, Value>,
         limits: &Limits,
     ) -> RunResult {
+        self.run_request(RunRequest::new(code).vars(vars).limits(limits.clone()))
+            .await
+    }
+
+    /// Runs one request: code, initial variables, input files and limits (the runner's own
+    /// when the request has none).
+    ///
+    /// The input files are placed in the run's scratch directory, the code's working
+    /// directory; the files the code creates or changes there come back in
+    /// [`RunResult::files`]. Problems with the request itself (code too large, bad variable
+    /// names, a bad file name, files over their budgets) come back as an `invalid_input`
+    /// result naming the problem, never as a panic.
+    pub async fn run_request(&self, request: RunRequest) -> RunResult {
         let started = Instant::now();
         let backend = &self.inner.backend;
-        if let Err(error) = validate(code, &vars, limits) {
+        let RunRequest {
+            code,
+            vars,
+            files,
+            limits,
+        } = request;
+        let limits = limits.unwrap_or_else(|| self.inner.limits.clone());
+        if let Err(error) = validate(&code, &vars, &limits)
+            .and_then(|()| crate::files::check_inputs(&files, &limits))
+        {
             return RunResult::failed(backend.name(), error, started.elapsed());
         }
         let broker = Arc::new(Broker::new(
             next_run_id(),
             self.inner.exposed.clone(),
-            limits,
+            &limits,
         ));
         let job = Job {
-            code: code.to_owned(),
+            code,
             vars,
-            limits: limits.clone(),
+            limits,
             tools: self.inner.exposed.bindings().to_vec(),
+            files,
         };
         let mut result = backend.run(job, broker.clone()).await;
         broker.finish();
@@ -116,6 +139,63 @@ impl Runner {
         }
         result.duration = started.elapsed();
         result
+    }
+}
+
+/// What one run is asked to do: the code, and what it starts with.
+///
+/// ```no_run
+/// # async fn demo(runner: pycage::Runner) {
+/// use pycage::{InputFile, RunRequest};
+/// let result = runner
+///     .run_request(
+///         RunRequest::new("import csv\nrows = list(csv.reader(open('data.csv')))\nopen('n.txt', 'w').write(str(len(rows)))")
+///             .file(InputFile::new("data.csv", b"a,b\n1,2\n".to_vec())),
+///     )
+///     .await;
+/// assert_eq!(result.files[0].path, "n.txt");
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct RunRequest {
+    code: String,
+    vars: Map<String, Value>,
+    files: Vec<crate::InputFile>,
+    limits: Option<Limits>,
+}
+
+impl RunRequest {
+    /// A request to run `code`, with no variables or files and the runner's limits.
+    pub fn new(code: impl Into<String>) -> Self {
+        RunRequest {
+            code: code.into(),
+            ..Self::default()
+        }
+    }
+
+    /// The initial global variables (names must be identifiers).
+    pub fn vars(mut self, vars: Map<String, Value>) -> Self {
+        self.vars = vars;
+        self
+    }
+
+    /// Adds an input file.
+    pub fn file(mut self, file: crate::InputFile) -> Self {
+        self.files.push(file);
+        self
+    }
+
+    /// Adds input files.
+    pub fn files(mut self, files: impl IntoIterator<Item = crate::InputFile>) -> Self {
+        self.files.extend(files);
+        self
+    }
+
+    /// This run's limits, instead of the runner's.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = Some(limits);
+        self
     }
 }
 

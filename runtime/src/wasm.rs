@@ -16,6 +16,7 @@ mod classify;
 mod component_tests;
 mod engine;
 mod error;
+mod fs;
 mod instance;
 mod linker;
 mod pool;
@@ -308,6 +309,7 @@ impl WasmBackend {
             .stdout(outcome.stdout)
             .stderr(outcome.stderr)
             .fuel_consumed(outcome.fuel_consumed)
+            .files(outcome.files)
             .duration(started.elapsed())
             .build()
     }

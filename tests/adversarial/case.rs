@@ -17,6 +17,10 @@
 //! max_tool_calls = 100
 //! max_value = "1MiB"
 //! fuel = 1000000
+//! max_written = "1MiB"               # optional file budgets (defaults: the library's)
+//! max_files = 100
+//! max_file = "1MiB"
+//! files = { "in.txt" = "text" }      # optional input files, path = contents
 //! allow = ["math.add"]               # optional: tools to expose (default: namespace math)
 //! then = ["...code..."]              # optional: follow-up runs; the last one is checked
 //! backends = ["wasm"]                # optional: only on these backends
@@ -66,6 +70,7 @@ pub struct Case {
     pub limits: Limits,
     pub allow: Vec<String>,
     pub then: Vec<String>,
+    pub files: Vec<pycage::InputFile>,
     backends: Vec<String>,
     native: Native,
 }
@@ -118,6 +123,11 @@ struct RawCase {
     max_tool_calls: Option<u32>,
     max_value: Option<String>,
     fuel: Option<u64>,
+    max_written: Option<String>,
+    max_files: Option<u32>,
+    max_file: Option<String>,
+    #[serde(default)]
+    files: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     allow: Vec<String>,
     #[serde(default)]
@@ -174,6 +184,15 @@ fn convert(category: &str, raw: RawCase) -> Result<Case, String> {
     if raw.fuel.is_some() {
         limits = limits.fuel(raw.fuel);
     }
+    if let Some(w) = &raw.max_written {
+        limits = limits.max_written_bytes(parse_size(w).map_err(|e| e.to_string())?);
+    }
+    if let Some(n) = raw.max_files {
+        limits = limits.max_files(n);
+    }
+    if let Some(f) = &raw.max_file {
+        limits = limits.max_file_bytes(parse_size(f).map_err(|e| e.to_string())?);
+    }
     Ok(Case {
         category: category.to_owned(),
         name: raw.name,
@@ -191,6 +210,11 @@ fn convert(category: &str, raw: RawCase) -> Result<Case, String> {
         limits: limits.build().map_err(|e| e.to_string())?,
         allow: raw.allow,
         then: raw.then,
+        files: raw
+            .files
+            .into_iter()
+            .map(|(path, text)| pycage::InputFile::new(path, text.into_bytes()))
+            .collect(),
         backends: raw.backends,
         native: match &raw.native {
             None => Native::Expect(Expect::Any),

@@ -176,7 +176,9 @@ async fn run_case(
     let runner = runner(canaries, subject, case)?;
     let code = canaries.substitute(&case.code);
     let started = Instant::now();
-    let mut result = runner.run(&code).await;
+    let mut result = runner
+        .run_request(pycage::RunRequest::new(code).files(case.files.clone()))
+        .await;
     for follow_up in &case.then {
         // A later run in a fresh sandbox: what the first run left behind must be gone.
         result = runner.run(&canaries.substitute(follow_up)).await;

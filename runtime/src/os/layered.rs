@@ -230,6 +230,7 @@ impl LayeredBackend {
             .stdout(recap(report.stdout, report.stdout_truncated, cap))
             .stderr(recap(report.stderr, report.stderr_truncated, cap))
             .fuel_consumed(report.fuel_consumed)
+            .files(report.files)
             .duration(started.elapsed())
             .build()
     }

@@ -85,6 +85,16 @@ pub(crate) fn fuel_refused(backend: &str) -> RunError {
     )
 }
 
+/// The refusal of input files by a backend that does not place them yet.
+pub(crate) fn files_refused(backend: &str) -> RunError {
+    RunError::new(
+        ErrorKind::InvalidInput,
+        format!(
+            "the `{backend}` backend does not take input files yet (the `wasm` and `wasm+bubblewrap` backends do)"
+        ),
+    )
+}
+
 /// A run's name tag. Names (container, cgroup) are visible to other users: the tag is random
 /// and its own, never the token.
 pub(crate) fn run_tag() -> Result<String, RunError> {
@@ -169,8 +179,8 @@ mod unix {
     use super::super::server::SocketServer;
     use super::super::spawn::{self, Containment, Ended, SpawnSpec};
     use super::{
-        NativeRun, NativeSandbox, SOCKET_NAME, backend_failure, fuel_refused, request_json,
-        run_cgroup, run_tag,
+        NativeRun, NativeSandbox, SOCKET_NAME, backend_failure, files_refused, fuel_refused,
+        request_json, run_cgroup, run_tag,
     };
     use crate::RunResult;
     use crate::backend::Job;
@@ -188,6 +198,9 @@ mod unix {
         let fail = |error| RunResult::failed(name, error, started.elapsed());
         if job.limits.fuel().is_some() {
             return fail(fuel_refused(name));
+        }
+        if !job.files.is_empty() {
+            return fail(files_refused(name));
         }
         if let Err(why) = sandbox.preflight() {
             return fail(backend_failure("the sandbox cannot run here", why));

@@ -51,14 +51,21 @@ pub const FRAME_SLACK_BYTES: u64 = 64 * 1024;
 ///
 /// A call frame carries at most `max_tool_args_bytes` of arguments. A result frame carries the
 /// return value's JSON as a JSON string (at most twice `max_value_bytes` once escaped) and, from
-/// a layered worker, the captured stdout and stderr (at most six bytes per byte once escaped).
+/// a layered worker, the captured stdout and stderr (at most six bytes per byte once escaped)
+/// and the produced files (their bytes as base64, a third more than `max_returned_bytes`, and
+/// for each of at most `max_files` its path, six bytes per byte once escaped, and its size).
 /// The cap is the larger of the two plus [`FRAME_SLACK_BYTES`], and never more than 4 GiB.
 pub fn max_frame_bytes(limits: &Limits) -> u64 {
     let call = limits.max_tool_args_bytes();
+    let per_file = (crate::files::MAX_PATH_BYTES as u64) * 6 + 64;
+    let files = (limits.max_returned_bytes() / 3 + 1)
+        .saturating_mul(4)
+        .saturating_add(u64::from(limits.max_files()).saturating_mul(per_file));
     let result = limits
         .max_value_bytes()
         .saturating_mul(2)
-        .saturating_add(limits.max_output_bytes().saturating_mul(12));
+        .saturating_add(limits.max_output_bytes().saturating_mul(12))
+        .saturating_add(files);
     call.max(result)
         .saturating_add(FRAME_SLACK_BYTES)
         .min(u64::from(u32::MAX))
@@ -167,6 +174,9 @@ pub struct WorkerReport {
     pub stderr_truncated: bool,
     /// Fuel consumed.
     pub fuel_consumed: Option<u64>,
+    /// The files the guest produced (made and read back inside the worker's sandbox).
+    #[serde(default)]
+    pub files: Vec<crate::OutputFile>,
 }
 
 /// A response to one request.
@@ -350,8 +360,9 @@ pub fn decode_request(body: &[u8], expected: &Token) -> Result<Request, Protocol
 /// A request's fields, each as its raw JSON text.
 type Fields<'a> = std::collections::BTreeMap<String, &'a RawValue>;
 
-/// How deep an outcome nests: the outcome, then its worker report.
-const OUTCOME_DEPTH: usize = 2;
+/// How deep an outcome nests: the outcome, its worker report, the report's list of files, and
+/// each file.
+const OUTCOME_DEPTH: usize = 4;
 
 /// A field's value read as `T`: `Ok(None)` when absent, `Err(())` when of another type.
 fn field<T: serde::de::DeserializeOwned>(raw: Option<&RawValue>) -> Result<Option<T>, ()> {

@@ -150,6 +150,11 @@ fn outcomes_decode_and_round_trip() {
             stdout_truncated: false,
             stderr_truncated: true,
             fuel_consumed: Some(3),
+            files: vec![crate::OutputFile {
+                path: "out/a.bin".into(),
+                size: 3,
+                bytes: Some(vec![0, 255, 7]),
+            }],
         }),
     };
     for outcome in [ok, fail] {
@@ -316,7 +321,7 @@ fn deeply_nested_frames_decode_without_recursing() {
     );
     assert_bad(
         decode_request(deep_outcome.as_bytes(), &t),
-        "in `outcome`, arrays and objects nest deeper than 2 levels",
+        "in `outcome`, arrays and objects nest deeper than 4 levels",
     );
 }
 

@@ -52,6 +52,9 @@ pub struct WorkerJob {
     pub limits: Limits,
     /// The tools the guest defines.
     pub tools: Vec<Binding>,
+    /// The input files (the worker makes the scratch directory inside its own sandbox).
+    #[serde(default)]
+    pub files: Vec<crate::InputFile>,
 }
 
 impl From<Job> for WorkerJob {
@@ -61,6 +64,7 @@ impl From<Job> for WorkerJob {
             vars: job.vars,
             limits: job.limits,
             tools: job.tools,
+            files: job.files,
         }
     }
 }
@@ -72,6 +76,7 @@ impl From<WorkerJob> for Job {
             vars: job.vars,
             limits: job.limits,
             tools: job.tools,
+            files: job.files,
         }
     }
 }
@@ -133,6 +138,7 @@ pub async fn serve(input: impl Read, cache_dir: &Path) -> i32 {
             stdout_truncated: result.stdout_truncated,
             stderr_truncated: result.stderr_truncated,
             fuel_consumed: result.fuel_consumed,
+            files: result.files,
         }),
     };
     match gate.send_result(&outcome).await {

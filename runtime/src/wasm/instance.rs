@@ -19,11 +19,13 @@ use wasmtime_wasi::WasiCtx;
 use super::bindings::{Sandbox, SandboxPre};
 use super::classify::{self, Ending, Evidence};
 use super::engine::{FUEL_YIELD_INTERVAL, SlotReset};
+use super::fs::ScratchSlot;
 use super::reaper::GuestStore;
 use super::state::{GuestLimiter, MAX_RESOURCES, RunState};
 use crate::backend::Job;
 use crate::broker::ToolGate;
 use crate::capture::CapturePipe;
+use crate::files::Scratch;
 use crate::result::decode_value;
 use crate::{ErrorKind, MAX_MEMORY_BYTES, RunError};
 
@@ -46,6 +48,7 @@ pub(crate) struct Outcome {
     pub stdout: crate::capture::Captured,
     pub stderr: crate::capture::Captured,
     pub fuel_consumed: Option<u64>,
+    pub files: Vec<crate::OutputFile>,
 }
 
 impl Fresh {
@@ -78,6 +81,7 @@ impl Fresh {
             stdout,
             stderr,
             reset,
+            scratch: ScratchSlot::None,
         };
         let mut store = GuestStore::new(Store::new(engine, state));
         store.limiter(|s| &mut s.limiter);
@@ -166,7 +170,20 @@ impl Fresh {
             state.deadline = deadline;
             state.gate = Some(gate);
         }
-        let refused = if store.data().limiter.over_limit() {
+        // The scratch directory: made now when there are input files, else on the guest's
+        // first look at the file system (most runs never look).
+        let scratch = if job.files.is_empty() {
+            Ok(ScratchSlot::Lazy(limits.clone()))
+        } else {
+            Scratch::create(&job.files, limits).map(ScratchSlot::Ready)
+        };
+        let refused = if let Err(e) = &scratch {
+            tracing::error!(error = %e, "pycage: the scratch directory could not be made");
+            Some(RunError::new(
+                ErrorKind::BackendError,
+                "the run's scratch directory could not be made",
+            ))
+        } else if store.data().limiter.over_limit() {
             Some(RunError::new(
                 ErrorKind::MemoryLimit,
                 "the memory limit is below what the interpreter needs to start",
@@ -185,7 +202,11 @@ impl Fresh {
                 stdout: store.data().stdout.captured(),
                 stderr: store.data().stderr.captured(),
                 fuel_consumed: None,
+                files: Vec::new(),
             };
+        }
+        if let Ok(scratch) = scratch {
+            store.data_mut().scratch = scratch;
         }
         if !meter_fuel {
             // The deadline counts from this instance's creation, which for a pooled instance
@@ -231,11 +252,24 @@ impl Fresh {
             Ok(Ok(Err(failure))) => Err(classify::guest_failure(failure, &evidence)),
             Ok(Ok(Ok(json))) => decode_value(&json, limits.max_value_bytes()),
         };
+        // The guest saw a refused write as an `OSError`; its stderr says why.
+        if let Some(usage) = state.scratch.get().map(|s| s.usage())
+            && let (count @ 1.., Some(first)) = usage.refusals()
+        {
+            state.stderr.push(usage.notice(count, first).as_bytes());
+        }
+        // Whatever the run's end, what it wrote comes back (a trap does not undo a file).
+        let files = state
+            .scratch
+            .get()
+            .map(|s| s.produced(limits.max_returned_bytes()))
+            .unwrap_or_default();
         let outcome = Outcome {
             value,
             stdout: state.stdout.captured(),
             stderr: state.stderr.captured(),
             fuel_consumed,
+            files,
         };
         // The broker goes back to its owner now, not when the reaper gets to the store.
         store.data_mut().gate = None;

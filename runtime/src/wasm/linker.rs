@@ -20,12 +20,12 @@ use wasmtime::component::{
 use wasmtime::{Engine, StoreContextMut};
 use wasmtime_wasi::cli::{WasiCli, WasiCliView};
 use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
-use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
 use wasmtime_wasi::p2::bindings as wasi;
 use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
 use wasmtime_wasi::{ResourceTable, WasiView};
 
 use super::bindings::pycage::sandbox::host;
+use super::fs::ScratchFs;
 use super::state::RunState;
 use crate::broker::CallError;
 
@@ -150,8 +150,8 @@ fn link_granted_wasi(l: &mut Linker<RunState>) -> wasmtime::Result<()> {
     wasi::clocks::wall_clock::add_to_linker::<RunState, WasiClocks>(l, RunState::clocks)?;
     wasi::clocks::monotonic_clock::add_to_linker::<RunState, WasiClocks>(l, RunState::clocks)?;
     wasi::random::random::add_to_linker::<RunState, WasiRandom>(l, RunState::random)?;
-    wasi::filesystem::types::add_to_linker::<RunState, WasiFilesystem>(l, RunState::filesystem)?;
-    wasi::filesystem::preopens::add_to_linker::<RunState, WasiFilesystem>(l, RunState::filesystem)?;
+    wasi::filesystem::types::add_to_linker::<RunState, ScratchFs>(l, RunState::scratch_fs)?;
+    wasi::filesystem::preopens::add_to_linker::<RunState, ScratchFs>(l, RunState::scratch_fs)?;
     wasi::cli::exit::add_to_linker::<RunState, WasiCli>(l, RunState::cli)?;
     wasi::cli::environment::add_to_linker::<RunState, WasiCli>(l, RunState::cli)?;
     wasi::cli::stdin::add_to_linker::<RunState, WasiCli>(l, RunState::cli)?;

@@ -7,7 +7,10 @@ use wasmtime::ResourceLimiter;
 use wasmtime::component::ResourceTable;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use wasmtime_wasi::filesystem::WasiFilesystemCtxView;
+
 use super::engine::SlotReset;
+use super::fs::{ScratchSlot, ScratchView};
 use crate::broker::ToolGate;
 use crate::capture::CapturePipe;
 
@@ -34,6 +37,21 @@ pub(crate) struct RunState {
     pub stderr: CapturePipe,
     /// How the engine resets this store's slots when it is dropped.
     pub reset: SlotReset,
+    /// The guest's scratch directory (its working directory, and its files in and out).
+    pub scratch: ScratchSlot,
+}
+
+impl RunState {
+    /// The guest's filesystem: wasmtime-wasi's, behind the scratch directory's budgets.
+    pub fn scratch_fs(&mut self) -> ScratchView<'_> {
+        ScratchView {
+            fs: WasiFilesystemCtxView {
+                ctx: self.wasi.filesystem(),
+                table: &mut self.table,
+            },
+            scratch: &mut self.scratch,
+        }
+    }
 }
 
 impl WasiView for RunState {
