@@ -16,7 +16,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run Python code in a fresh sandbox.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Measure pycage side by side with native baselines on this machine.
     Bench(BenchArgs),
     /// List every backend: whether it isolates, and whether it can run here (and why not).
@@ -120,6 +120,31 @@ pub struct RunArgs {
     /// An initial global variable, NAME=JSON (repeatable): --var base=21 --var name='"Ada"'.
     #[arg(long = "var", value_name = "NAME=JSON")]
     pub vars: Vec<String>,
+
+    /// An input file in the code's working directory (repeatable): NAME=PATH puts the host
+    /// file PATH at NAME; a bare PATH uses the file's own name.
+    #[arg(long = "file", value_name = "NAME=PATH")]
+    pub files: Vec<String>,
+
+    /// Write the files the code created or changed into DIR (created if missing).
+    #[arg(long = "out-dir", value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+
+    /// With --out-dir, replace files that are already there.
+    #[arg(long, requires = "out_dir")]
+    pub force: bool,
+
+    /// With --json, include each produced file's bytes (base64); without it, paths and sizes.
+    #[arg(long = "json-files", requires = "json")]
+    pub json_files: bool,
+
+    /// The most bytes the code may write to its files [default: 32MiB].
+    #[arg(long = "max-written", value_name = "SIZE", value_parser = parse_size)]
+    pub max_written: Option<u64>,
+
+    /// The most files and directories in the working directory [default: 1000].
+    #[arg(long = "max-files", value_name = "N")]
+    pub max_files: Option<u32>,
 
     /// The sandbox backend: wasm, bubblewrap, docker, seatbelt, windows, local,
     /// wasm+bubblewrap (`pycage backends` shows which can run here).

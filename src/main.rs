@@ -51,7 +51,7 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => run::run(args).await.into(),
+            Command::Run(args) => run::run(*args).await.into(),
             Command::Bench(args) => bench::bench(args).await.into(),
             Command::Backends(args) => backends::list(args).into(),
             #[cfg(unix)]

@@ -1,11 +1,14 @@
 //! `pycage run`: resolve the arguments into a runner and a request, run, report.
 
-use pycage::{Availability, BuildError, ErrorKind, Limits, Runner, ToolPolicy, WasmBackend};
+use pycage::{
+    Availability, BuildError, ErrorKind, InputFile, Limits, RunRequest, Runner, ToolPolicy,
+    WasmBackend,
+};
 use pycage_tools::ToolRegistry;
 use pycage_tools::json::{self, JsonError};
 use serde_json::{Map, Value};
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::backends;
 use crate::cli::RunArgs;
@@ -18,7 +21,11 @@ struct RunSettings {
     runner: Runner,
     vars: Map<String, Value>,
     limits: Limits,
+    files: Vec<InputFile>,
     json: bool,
+    json_files: bool,
+    out_dir: Option<PathBuf>,
+    force: bool,
     /// The wasm backend, when that is the one in use (for the first-run notice).
     wasm: Option<WasmBackend>,
 }
@@ -43,14 +50,21 @@ pub async fn run(args: RunArgs) -> Exit {
     {
         eprintln!("pycage: compiling the sandbox (first run only; this takes a few seconds)...");
     }
-    let result = settings
-        .runner
-        .run_with(&settings.code, settings.vars, &settings.limits)
-        .await;
+    let request = RunRequest::new(settings.code)
+        .vars(settings.vars)
+        .files(settings.files)
+        .limits(settings.limits);
+    let result = settings.runner.run_request(request).await;
     if settings.json {
-        report::json(&result);
+        report::json(&result, settings.json_files);
     } else {
         report::human(&result);
+    }
+    if let Some(dir) = &settings.out_dir
+        && let Err(e) = report::write_files(&result.files, dir, settings.force)
+    {
+        eprintln!("pycage: --out-dir {}: {e}", dir.display());
+        return Exit::Usage;
     }
     match result.error.as_ref().map(|e| e.kind) {
         None => Exit::Ok,
@@ -83,8 +97,11 @@ fn resolve(args: RunArgs) -> Result<RunSettings, String> {
         .max_output_bytes(args.max_output.unwrap_or(defaults.max_output_bytes()))
         .max_tool_calls(args.max_tool_calls.unwrap_or(defaults.max_tool_calls()))
         .fuel(args.fuel)
+        .max_written_bytes(args.max_written.unwrap_or(defaults.max_written_bytes()))
+        .max_files(args.max_files.unwrap_or(defaults.max_files()))
         .build()
         .map_err(|e| e.to_string())?;
+    let files = read_files(&args.files, &limits)?;
 
     let (backend, wasm) = backends::by_name(&args.backend)?;
     let runner = Runner::builder()
@@ -105,9 +122,46 @@ fn resolve(args: RunArgs) -> Result<RunSettings, String> {
         runner,
         vars,
         limits,
+        files,
         json: args.json,
+        json_files: args.json_files,
+        out_dir: args.out_dir,
+        force: args.force,
         wasm,
     })
+}
+
+/// The `--file` inputs: `NAME=PATH`, or a bare `PATH` named after the file. A host file over
+/// the input budget is refused before it is read.
+fn read_files(specs: &[String], limits: &Limits) -> Result<Vec<InputFile>, String> {
+    let mut files = Vec::new();
+    for spec in specs {
+        let (name, path) = match spec.split_once('=') {
+            Some((name, path)) => (name.to_owned(), PathBuf::from(path)),
+            None => {
+                let path = PathBuf::from(spec);
+                let name = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .ok_or_else(|| format!("--file {spec}: give NAME=PATH (no file name here)"))?
+                    .to_owned();
+                (name, path)
+            }
+        };
+        let size = std::fs::metadata(&path)
+            .map_err(|e| format!("--file {}: {e}", path.display()))?
+            .len();
+        if size > limits.max_input_bytes() {
+            return Err(format!(
+                "--file {}: {size} bytes; the input limit is {}",
+                path.display(),
+                limits.max_input_bytes()
+            ));
+        }
+        let bytes = std::fs::read(&path).map_err(|e| format!("--file {}: {e}", path.display()))?;
+        files.push(InputFile::new(name, bytes));
+    }
+    Ok(files)
 }
 
 fn read_code(file: Option<&Path>, code: Option<String>) -> Result<String, String> {

@@ -428,3 +428,88 @@ fn bench_idles_before_each_latency_sample_when_asked() {
     let bad = pycage(&["bench", "--idle", "soon"]);
     assert_eq!(code(&bad), 2, "{}", stderr(&bad));
 }
+
+#[test]
+fn files_go_in_with_file_and_come_out_with_out_dir() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data.csv");
+    std::fs::write(&data, "a,b\n1,2\n").unwrap();
+    let out_dir = tmp.path().join("out");
+    let named = format!("in/renamed.csv={}", data.display());
+    let program = "import csv, os\n\
+                rows = list(csv.reader(open('data.csv')))\n\
+                open('summary.txt', 'w').write(str(len(rows)))\n\
+                os.makedirs('plots', exist_ok=True)\n\
+                open('plots/p.bin', 'wb').write(bytes([0, 1, 2]))\n\
+                return open('in/renamed.csv').read()";
+    let args = [
+        "run",
+        "--json",
+        "--file",
+        data.to_str().unwrap(),
+        "--file",
+        &named,
+        "--out-dir",
+        out_dir.to_str().unwrap(),
+        "-c",
+        program,
+    ];
+    let out = pycage(&args);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let r = json_result(&out);
+    assert_eq!(r["value"], json!("a,b\n1,2\n"));
+    // --json lists the produced files without their bytes (--json-files adds them).
+    assert_eq!(
+        r["files"],
+        json!([{"path": "plots/p.bin", "size": 3}, {"path": "summary.txt", "size": 1}])
+    );
+    assert_eq!(
+        std::fs::read(out_dir.join("plots/p.bin")).unwrap(),
+        [0, 1, 2]
+    );
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("summary.txt")).unwrap(),
+        "2"
+    );
+    // The inputs, unchanged, are not produced files.
+    assert!(!out_dir.join("data.csv").exists() && !out_dir.join("in").exists());
+
+    // Again into the same directory: refused without --force, replaced with it.
+    let out = pycage(&args);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("exists (pass --force"),
+        "{}",
+        stderr(&out)
+    );
+    let mut forced = args.to_vec();
+    forced.insert(1, "--force");
+    let out = pycage(&forced);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+
+    let out = pycage(&[
+        "run",
+        "--json",
+        "--json-files",
+        "-c",
+        "open('a.txt', 'w').write('x')",
+    ]);
+    assert_eq!(
+        json_result(&out)["files"],
+        json!([{"path": "a.txt", "size": 1, "bytes": "eA=="}])
+    );
+
+    let out = pycage(&[
+        "run",
+        "--file",
+        &format!("../up={}", data.display()),
+        "-c",
+        "pass",
+    ]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("input file `../up`"),
+        "{}",
+        stderr(&out)
+    );
+}
