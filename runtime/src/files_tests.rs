@@ -91,7 +91,7 @@ fn a_scratch_directory_returns_what_changed_and_nothing_it_cannot_trust() {
         InputFile::new("edit.txt", b"before".to_vec()),
         InputFile::new("dir/in.csv", b"a,b".to_vec()),
     ];
-    let scratch = Scratch::create(&inputs, &limits).unwrap();
+    let scratch = Scratch::create(inputs.to_vec(), &limits).unwrap();
     let root = scratch.host_path().to_owned();
     std::fs::write(root.join("edit.txt"), b"after!").unwrap();
     std::fs::write(root.join("dir/new.bin"), [0u8, 1, 2]).unwrap();

@@ -89,6 +89,48 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
             target: (case == "compute_sum_squares").then_some("<= 2x native"),
         });
     }
+    if wanted("files_10mib") {
+        // 10 MiB in as an input file, read and written back as a produced file, interleaved
+        // with an empty run so both see the same machine: the difference is what files cost.
+        let input = pycage::InputFile::new("in.bin", vec![7u8; 10 << 20]);
+        let code = "data = open('in.bin', 'rb').read()\nopen('out.bin', 'wb').write(data)";
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        for _ in 0..s.iterations.clamp(5, 30) {
+            idle(s).await;
+            let request = pycage::RunRequest::new(code).file(input.clone());
+            let t = Instant::now();
+            let r = fresh.run_request(request).await;
+            let took = us(t.elapsed());
+            let out = r.files.first().and_then(|f| f.bytes.as_ref()).map(Vec::len);
+            check(r)?;
+            if out != Some(10 << 20) {
+                return Err("the 10 MiB file did not come back".into());
+            }
+            with.push(took);
+            let t = Instant::now();
+            check(fresh.run("pass").await)?;
+            without.push(us(t.elapsed()));
+        }
+        let (with, without) = (Summary::of(with), Summary::of(without));
+        let extra_ms = (with.p50 - without.p50) / 1000.0;
+        rows.push(Row {
+            case: "files_10mib_in_out",
+            unit: "us",
+            pycage: Figure::Latency(with),
+            baseline: Some(Baseline {
+                name: "the same engine, `pass`, no files (interleaved)".into(),
+                figure: Figure::Latency(without),
+            }),
+            target: None,
+        });
+        rows.push(Row {
+            case: "files_10mib_extra_ms",
+            unit: "ms",
+            pycage: Figure::Value(extra_ms),
+            baseline: None,
+            target: Some("<= 15 ms on top of the run"),
+        });
+    }
     if wanted("fuel_overhead") {
         let unmetered = WasmBackend::builder()
             .meter_fuel(false)

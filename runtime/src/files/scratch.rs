@@ -18,9 +18,10 @@ pub(crate) struct Scratch {
     path: PathBuf,
     dir: Dir,
     usage: Arc<Usage>,
-    /// The inputs' paths, sizes and digests: a produced file is one that is not among them
-    /// unchanged.
-    inputs: BTreeMap<String, (u64, blake3::Hash)>,
+    /// The inputs, by path: a produced file is one that is not among them unchanged. Their
+    /// bytes are kept (they were in memory already) because comparing against them is
+    /// cheaper than hashing what the file holds now.
+    inputs: BTreeMap<String, InputFile>,
 }
 
 impl Scratch {
@@ -31,7 +32,7 @@ impl Scratch {
     /// # Errors
     ///
     /// When the directory or a file cannot be created.
-    pub(crate) fn create(files: &[InputFile], limits: &Limits) -> std::io::Result<Scratch> {
+    pub(crate) fn create(files: Vec<InputFile>, limits: &Limits) -> std::io::Result<Scratch> {
         let mut builder = tempfile::Builder::new();
         builder.prefix("pycage-work-");
         #[cfg(unix)]
@@ -43,12 +44,12 @@ impl Scratch {
         })
     }
 
-    fn open(path: PathBuf, files: &[InputFile], limits: &Limits) -> std::io::Result<Scratch> {
+    fn open(path: PathBuf, files: Vec<InputFile>, limits: &Limits) -> std::io::Result<Scratch> {
         let dir = Dir::open_ambient_dir(&path, ambient_authority())?;
         let mut inputs = BTreeMap::new();
         let mut entries = std::collections::BTreeSet::new();
         for file in files {
-            if let Some((parent, _)) = file.path.rsplit_once('/') {
+            if let Some((parent, _)) = file.path.clone().rsplit_once('/') {
                 dir.create_dir_all(parent)?;
                 let mut prefix = String::new();
                 for part in parent.split('/') {
@@ -62,10 +63,7 @@ impl Scratch {
             entries.insert(file.path.clone());
             let mut f = dir.create(&file.path)?;
             f.write_all(&file.bytes)?;
-            inputs.insert(
-                file.path.clone(),
-                (file.bytes.len() as u64, blake3::hash(&file.bytes)),
-            );
+            inputs.insert(file.path.clone(), file);
         }
         let taken = u32::try_from(entries.len()).unwrap_or(u32::MAX);
         Ok(Scratch {
@@ -108,15 +106,18 @@ impl Scratch {
         let mut returned = 0u64;
         let mut out = Vec::new();
         for (path, size) in found {
-            let unchanged_size = self.inputs.get(&path).filter(|(s, _)| *s == size);
+            let same_size = self
+                .inputs
+                .get(&path)
+                .filter(|f| f.bytes.len() as u64 == size);
             let fits = returned.saturating_add(size) <= max_returned;
-            let read = if unchanged_size.is_some() || fits {
+            let read = if same_size.is_some() || fits {
                 read_file(&self.dir, &path, size)
             } else {
                 None
             };
-            if let (Some((_, digest)), Some(bytes)) = (unchanged_size, &read)
-                && blake3::hash(bytes) == *digest
+            if let (Some(input), Some(bytes)) = (same_size, &read)
+                && input.bytes == *bytes
             {
                 continue; // an input, as it came in
             }
