@@ -273,6 +273,7 @@ mod unix {
         let spawned = spawn::run(spec, contain).await;
         let mut evidence = Evidence {
             oom_killed: cgroup.as_ref().is_some_and(RunCgroup::oom_killed),
+            ..Evidence::default()
         };
         if let Some(cg) = cgroup {
             cg.finish().await;
