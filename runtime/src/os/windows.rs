@@ -1,6 +1,8 @@
 //! The Windows backend: AppContainer + Job Object settings. **The launcher is not
 //! implemented**: this module renders what a launcher would apply, as plain data with unit
-//! tests, and the backend reports itself unavailable everywhere.
+//! tests ([`render_settings`], and the command line, environment block, security
+//! descriptors and job limits in [`command_line`], [`acl`] and [`job`]), and the backend
+//! reports itself unavailable everywhere.
 //!
 //! # Security (as designed)
 //!
@@ -21,30 +23,33 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::local::WORK_DIR;
+use super::native::INTERPRETER_FLAGS;
 use super::rlimits::MAX_PROCESSES;
 use crate::backend::{Availability, Backend, Job, RunFuture};
 use crate::broker::Broker;
 use crate::{ErrorKind, Limits, RunError, RunResult};
 
-/// The Job Object limits of one run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct JobLimits {
-    /// `JOB_OBJECT_LIMIT_PROCESS_MEMORY`: committed bytes per process.
-    pub process_memory_bytes: u64,
-    /// `JOB_OBJECT_LIMIT_JOB_MEMORY`: committed bytes of the whole job.
-    pub job_memory_bytes: u64,
-    /// `JOB_OBJECT_LIMIT_ACTIVE_PROCESS`: processes alive at once.
-    pub active_processes: u32,
-    /// `JOB_OBJECT_LIMIT_JOB_TIME`: user-mode CPU time of the job, in 100 ns units.
-    pub job_user_time_100ns: u64,
-    /// `JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE`.
-    pub kill_on_job_close: bool,
-    /// `JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION` (no error dialogs that keep a process
-    /// alive).
-    pub die_on_unhandled_exception: bool,
-    /// `JOB_OBJECT_UILIMIT_ALL`: no desktop, clipboard or global atoms.
-    pub ui_restrictions_all: bool,
-}
+pub mod acl;
+pub mod command_line;
+pub mod job;
+
+pub use self::job::JobLimits;
+
+/// The environment variable naming Windows' own directory: the only one of the host's that
+/// the guest's environment keeps (parts of the C runtime and of Winsock look for it).
+pub const ENV_SYSTEM_ROOT: &str = "SystemRoot";
+
+/// Windows' directory when [`ENV_SYSTEM_ROOT`] is not set.
+pub const DEFAULT_SYSTEM_ROOT: &str = r"C:\Windows";
+
+/// The interpreter's flags after [`INTERPRETER_FLAGS`]: UTF-8 mode, so that the guest's
+/// stdout and stderr are UTF-8 whatever the console code page (`PYTHONUTF8` would do the
+/// same, but isolated mode ignores `PYTHON*` variables).
+pub const UTF8_MODE: [&str; 2] = ["-X", "utf8"];
+
+/// The longest AppContainer profile name Windows accepts.
+pub const MAX_APP_CONTAINER_NAME: usize = 64;
 
 /// What a Windows launcher would apply to one run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -55,22 +60,32 @@ pub struct WindowsSandboxSettings {
     pub capabilities: Vec<String>,
     /// The Job Object's limits.
     pub job: JobLimits,
-    /// The broker's named pipe (`\\.\pipe\...`), its DACL granting only the AppContainer.
+    /// The broker's named pipe (`\\.\pipe\...`), its DACL granting only the owner and the
+    /// AppContainer.
     pub pipe_name: String,
-    /// The command line, as separate arguments.
+    /// The command line, as separate arguments (the interpreter first).
     pub command_line: Vec<String>,
     /// The whole environment.
     pub environment: Vec<(String, String)>,
+    /// The guest's working directory: its current directory, `TEMP` and `TMP`.
+    pub work_dir: String,
 }
 
-/// The settings of one run tagged `tag` (random per run). Pure.
+/// The settings of one run tagged `tag` (random per run), its run directory `run_dir` and
+/// Windows' directory `system_root`. Pure.
 pub fn render_settings(
     limits: &Limits,
     tag: &str,
     interpreter: &str,
     run_dir: &str,
+    system_root: &str,
 ) -> WindowsSandboxSettings {
     let cpu = limits.wall_timeout() + Duration::from_secs(1);
+    let work_dir = format!(r"{run_dir}\{WORK_DIR}");
+    let mut command_line = vec![interpreter.to_owned()];
+    command_line.extend(INTERPRETER_FLAGS.iter().map(|f| (*f).to_owned()));
+    command_line.extend(UTF8_MODE.iter().map(|f| (*f).to_owned()));
+    command_line.push(format!(r"{run_dir}\pycage_socket.py"));
     WindowsSandboxSettings {
         app_container_name: format!("pycage.run.{tag}"),
         capabilities: Vec::new(),
@@ -84,18 +99,23 @@ pub fn render_settings(
             ui_restrictions_all: true,
         },
         pipe_name: format!(r"\\.\pipe\pycage-{tag}"),
-        command_line: vec![
-            interpreter.to_owned(),
-            "-I".into(),
-            "-B".into(),
-            format!(r"{run_dir}\pycage_socket.py"),
-        ],
+        command_line,
         environment: vec![
-            ("PYTHONUTF8".into(), "1".into()),
-            ("TEMP".into(), format!(r"{run_dir}\work")),
-            ("TMP".into(), format!(r"{run_dir}\work")),
+            (ENV_SYSTEM_ROOT.into(), system_root.into()),
+            ("TEMP".into(), work_dir.clone()),
+            ("TMP".into(), work_dir.clone()),
         ],
+        work_dir,
     }
+}
+
+/// True when `name` can name an AppContainer profile: 1 to [`MAX_APP_CONTAINER_NAME`]
+/// characters out of `[-_. A-Za-z0-9]`.
+pub fn is_valid_app_container_name(name: &str) -> bool {
+    (1..=MAX_APP_CONTAINER_NAME).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b' '))
 }
 
 /// The Windows backend: settings only; unavailable everywhere (see the module docs).
@@ -154,55 +174,5 @@ pub fn example_run_dir() -> &'static Path {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings() -> WindowsSandboxSettings {
-        let limits = Limits::builder()
-            .wall_timeout(Duration::from_secs(5))
-            .memory_bytes(128 << 20)
-            .build()
-            .unwrap();
-        render_settings(
-            &limits,
-            "0123abcd",
-            r"C:\Python313\python.exe",
-            &example_run_dir().to_string_lossy(),
-        )
-    }
-
-    #[test]
-    fn no_capabilities_and_a_job_that_dies_with_the_host() {
-        let s = settings();
-        assert!(s.capabilities.is_empty(), "no capability SIDs");
-        assert!(s.job.kill_on_job_close);
-        assert!(s.job.die_on_unhandled_exception);
-        assert!(s.job.ui_restrictions_all);
-        assert_eq!(s.job.process_memory_bytes, 128 << 20);
-        assert_eq!(s.job.job_memory_bytes, 128 << 20);
-        assert_eq!(s.job.active_processes, 64);
-        assert_eq!(s.job.job_user_time_100ns, 60_000_000);
-    }
-
-    #[test]
-    fn names_are_per_run() {
-        let s = settings();
-        assert_eq!(s.app_container_name, "pycage.run.0123abcd");
-        assert_eq!(s.pipe_name, r"\\.\pipe\pycage-0123abcd");
-        assert_eq!(
-            s.command_line.last().unwrap(),
-            r"C:\Users\ada\AppData\Local\Temp\pycage-abc\pycage_socket.py"
-        );
-        let names: Vec<_> = s.environment.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, ["PYTHONUTF8", "TEMP", "TMP"]);
-    }
-
-    #[test]
-    fn it_is_never_available_and_says_why() {
-        let a = WindowsBackend::new().availability();
-        let Availability::Unavailable(why) = a else {
-            panic!("the launcher is not implemented")
-        };
-        assert!(why.contains("not implemented"), "{why}");
-    }
-}
+#[path = "windows_tests.rs"]
+mod tests;
