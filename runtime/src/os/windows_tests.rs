@@ -96,10 +96,52 @@ fn the_environment_holds_nothing_of_the_hosts_but_its_windows_directory() {
 }
 
 #[test]
-fn it_is_never_available_and_says_why() {
-    let a = WindowsBackend::new().availability();
-    let Availability::Unavailable(why) = a else {
-        panic!("the launcher is not implemented")
+fn it_isolates() {
+    assert!(WindowsBackend::new().provides_isolation());
+    assert_eq!(
+        WindowsBackend::new().interpreter(),
+        Path::new(DEFAULT_WINDOWS_INTERPRETER)
+    );
+}
+
+#[cfg(not(windows))]
+#[test]
+fn off_windows_it_is_unavailable_because_of_the_os() {
+    let Availability::Unavailable(why) = WindowsBackend::new().availability() else {
+        panic!("AppContainer needs Windows")
     };
-    assert!(why.contains("not implemented"), "{why}");
+    assert_eq!(why, "wrong OS: AppContainer needs Windows");
+    // Whatever the interpreter: the OS is the reason.
+    let Availability::Unavailable(why) =
+        WindowsBackend::with_interpreter("/usr/bin/python3").availability()
+    else {
+        panic!("AppContainer needs Windows")
+    };
+    assert!(why.starts_with("wrong OS: "), "{why}");
+}
+
+#[cfg(not(windows))]
+#[tokio::test]
+async fn off_windows_a_run_is_a_typed_backend_error() {
+    use crate::ToolPolicy;
+
+    let exposed = ToolPolicy::new()
+        .resolve(&pycage_tools::ToolRegistry::new())
+        .unwrap();
+    let broker = Arc::new(Broker::new("windows-test", exposed, &limits()));
+    let job = Job {
+        code: "1 + 1".into(),
+        vars: serde_json::Map::new(),
+        limits: limits(),
+        tools: Vec::new(),
+    };
+    let result = WindowsBackend::new().run(job, broker).await;
+    assert!(!result.ok);
+    assert_eq!(result.backend, "windows");
+    let error = result.error.unwrap();
+    assert_eq!(error.kind, ErrorKind::BackendError);
+    assert_eq!(
+        error.message,
+        "the windows backend is unavailable: wrong OS: AppContainer needs Windows"
+    );
 }
