@@ -28,7 +28,7 @@
 //!   instance (a pipe someone made first under that name fails the run), rejecting remote
 //!   clients, with a DACL granting only the owner and the container ([`acl::pipe_sddl`]);
 //!   each connection is handled as on every transport (frame caps, the per-run token, a byte
-//!   budget, at most [`MAX_CONNECTIONS`](super::serve::MAX_CONNECTIONS));
+//!   budget, at most 64 connections at once);
 //! * creates a Job Object ([`job::JobPlan`]) with the memory limit per process and for the
 //!   whole job, at most 64 active processes, a CPU-time limit of the wall clock plus a
 //!   second, kill on job close, die on unhandled exception (no error dialog keeps a process
@@ -100,7 +100,7 @@ pub const DEFAULT_SYSTEM_ROOT: &str = r"C:\Windows";
 /// `C:\Program Files`, which AppContainers may read.
 pub const DEFAULT_WINDOWS_INTERPRETER: &str = r"C:\Program Files\Python313\python.exe";
 
-/// The interpreter's flags after [`INTERPRETER_FLAGS`]: UTF-8 mode, so that the guest's
+/// The interpreter's flags after isolated mode (`-I -B`): UTF-8 mode, so that the guest's
 /// stdout and stderr are UTF-8 whatever the console code page (`PYTHONUTF8` would do the
 /// same, but isolated mode ignores `PYTHON*` variables).
 pub const UTF8_MODE: [&str; 2] = ["-X", "utf8"];
