@@ -6,9 +6,11 @@ A native CPython (3.11 or newer) runs this file inside the OS sandbox::
 
 Standard input holds one JSON header line, ``{"socket": path, "token": ..., "request_json":
 ..., "max_args_bytes": N}``, followed by the code (UTF-8, the rest of the input). The script connects to the host's
-broker over the run's private Unix socket, runs the code with ``pycage_runner.run`` (the same
-guest logic the wasm backend uses; only this transport differs) and sends the outcome as the
-run's result frame. The process's stdout and stderr are the guest's own: the host captures them.
+broker over the run's private Unix socket (or, on Windows, when ``socket`` is a pipe name
+``\\\\.\\pipe\\...``, over the run's named pipe), runs the code with ``pycage_runner.run`` (the
+same guest logic the wasm backend uses; only this transport differs) and sends the outcome as
+the run's result frame. The process's stdout and stderr are the guest's own: the host captures
+them.
 
 Frames are a 4-byte big-endian length and a JSON object. Every request carries the run's token;
 the host checks it, and every policy, on its side. Nothing here is trusted by the host.
@@ -20,6 +22,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
@@ -37,6 +40,13 @@ _TOOL_ERROR_KINDS = frozenset(
     ("not-found", "invalid-arguments", "denied", "failed", "limit-exceeded")
 )
 _HEADER = struct.Struct(">I")
+
+# A Windows named pipe's name, as the host writes it in the header.
+_PIPE_PREFIX = "\\\\.\\pipe\\"
+# ERROR_PIPE_BUSY: every instance of the pipe is connected; the host makes the next one at once.
+_ERROR_PIPE_BUSY = 231
+_PIPE_BUSY_RETRIES = 200
+_PIPE_BUSY_WAIT_SECONDS = 0.01
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
@@ -55,7 +65,8 @@ class Connection:
         self._sock = None
         self._pid = None
         self._next_id = 0
-        os.register_at_fork(after_in_child=self._after_fork)
+        if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+            os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self):
         self._lock = threading.Lock()
@@ -68,12 +79,15 @@ class Connection:
 
     def _ensure(self):
         if self._sock is None or self._pid != os.getpid():
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(self._path)
-            except BaseException:
-                sock.close()
-                raise
+            if self._path.startswith(_PIPE_PREFIX):
+                sock = _Pipe.open(self._path)
+            else:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.connect(self._path)
+                except BaseException:
+                    sock.close()
+                    raise
             self._sock = sock
             self._pid = os.getpid()
         return self._sock
@@ -123,6 +137,39 @@ class Connection:
         response = self._exchange('"method":"result","outcome":' + _ENCODER.encode(outcome))
         if not (isinstance(response, dict) and response.get("ok") is True):
             raise RuntimeError("the host did not accept the result")
+
+
+class _Pipe:
+    """A Windows named pipe with the two socket methods the connection uses, over plain file
+    I/O (the host's frames and token are the same as on the Unix socket)."""
+
+    def __init__(self, file):
+        self._file = file
+
+    @classmethod
+    def open(cls, path):
+        for _ in range(_PIPE_BUSY_RETRIES):
+            try:
+                return cls(open(path, "r+b", buffering=0))
+            except OSError as exc:
+                if getattr(exc, "winerror", None) != _ERROR_PIPE_BUSY:
+                    raise
+            time.sleep(_PIPE_BUSY_WAIT_SECONDS)
+        raise ConnectionError("the host's pipe stayed busy")
+
+    def sendall(self, data):
+        view = memoryview(data)
+        while view:
+            written = self._file.write(view)
+            if not written:
+                raise ConnectionError("the host closed the connection")
+            view = view[written:]
+
+    def recv(self, n):
+        return self._file.read(n) or b""
+
+    def close(self):
+        self._file.close()
 
 
 def _recv_exact(sock, n):

@@ -7,13 +7,14 @@
 //! | [`BubblewrapBackend`] | Linux | user/mount/pid/net/ipc/uts namespaces |
 //! | [`DockerBackend`] | any Docker host | a throwaway container |
 //! | [`SeatbeltBackend`] | macOS | a `sandbox-exec` profile |
-//! | [`WindowsBackend`] | Windows | AppContainer + Job Object (settings only; no launcher yet) |
+//! | [`WindowsBackend`] | Windows | AppContainer + Job Object (never run in CI) |
 //! | [`LocalBackend`] | Linux | none: needs `allow_no_isolation` |
 //! | [`LayeredBackend`] | Linux | the wasm engine inside bubblewrap |
 //!
 //! Every backend type exists on every OS, so a host's code compiles everywhere; one that does
 //! not belong on this OS says so in `availability()` ("wrong OS: ...") and fails its runs as
-//! `backend_error`. The socket transport and the process spawning below it are Unix-only.
+//! `backend_error`. The socket transport and the process spawning below it are Unix-only;
+//! the Windows backend has its own launcher and a named pipe (see [`windows`]).
 //!
 //! Each follows *probe, render, run*: `availability()` probes the host and says why not;
 //! a pure `render` function turns the policy and limits into a command line (or a profile, or
@@ -24,7 +25,8 @@
 //! The guest reaches the broker over a private Unix socket (see [`server`] and
 //! [`protocol`]): a directory of mode 0700 per run, a socket of mode 0600, length-prefixed
 //! JSON frames capped before they are read, and a per-run random token checked before
-//! anything else. The guest's Python side is `guest-python/pycage_socket.py`, which runs the
+//! anything else. On Windows the same frames and token travel over a named pipe whose DACL
+//! grants only the owner and the run's AppContainer. The guest's Python side is `guest-python/pycage_socket.py`, which runs the
 //! same `pycage_runner` as the wasm guest; only the transport differs.
 //!
 //! # Limits

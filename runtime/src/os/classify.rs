@@ -28,6 +28,10 @@ pub enum Exit {
     TimedOut,
     /// The sandbox itself could not start it (for example `docker run` failed).
     SandboxFailed,
+    /// An unhandled exception ended it: on Windows its exit code is the exception's
+    /// `NTSTATUS` (such as `0xC0000005`, an access violation). Like a signal on Unix, the
+    /// code is the process's own exit status, so a guest can claim one.
+    Exception(u32),
 }
 
 /// Who produced the result frame, which decides what it may claim.
@@ -43,8 +47,31 @@ pub enum Reporter {
 /// What the host saw besides the exit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Evidence {
-    /// The memory cgroup killed a process of the run.
+    /// The run's memory cap stopped it: the memory cgroup killed a process of the run, or
+    /// (Windows) the Job Object reported a process or the job over its memory limit.
     pub oom_killed: bool,
+    /// The run's CPU-time cap ended it, as the host's accounting shows (Windows: the Job
+    /// Object terminated processes for its CPU-time limit). On Unix the kernel's `SIGXCPU`
+    /// says so instead, as the [`Exit`].
+    pub cpu_time_exceeded: bool,
+}
+
+/// `STATUS_STACK_OVERFLOW`: the thread's stack ran out (deeper than the interpreter's
+/// recursion limit could catch).
+pub(crate) const STATUS_STACK_OVERFLOW: u32 = 0xC000_00FD;
+
+/// What the common crash statuses are called, for the message.
+fn exception_name(code: u32) -> Option<&'static str> {
+    Some(match code {
+        0x8000_0003 => "a breakpoint",
+        0xC000_0005 => "an access violation",
+        0xC000_0017 | 0xC000_012D => "out of memory",
+        0xC000_001D => "an illegal instruction",
+        0xC000_0094 => "an integer division by zero",
+        0xC000_0374 => "heap corruption",
+        0xC000_0409 => "a fail-fast exit",
+        _ => return None,
+    })
 }
 
 /// The run's value, or why there is none.
@@ -80,6 +107,10 @@ pub fn classify(
             ErrorKind::MemoryLimit,
             "the guest ran out of memory under the memory limit",
         )),
+        _ if evidence.cpu_time_exceeded => Err(RunError::new(
+            ErrorKind::Timeout,
+            "the CPU-time limit was reached",
+        )),
         Exit::Code(0) => Ok(Value::Null),
         Exit::Code(BOOTSTRAP_FAILED) | Exit::SandboxFailed => Err(RunError::new(
             ErrorKind::BackendError,
@@ -104,6 +135,19 @@ pub fn classify(
         Exit::Signal(n) => Err(RunError::new(
             ErrorKind::BackendError,
             format!("the guest interpreter crashed (signal {n})"),
+        )),
+        Exit::Exception(STATUS_STACK_OVERFLOW) => Err(RunError::new(
+            ErrorKind::StackOverflow,
+            "the guest interpreter overflowed its stack (exception 0xC00000FD)",
+        )),
+        Exit::Exception(code) => Err(RunError::new(
+            ErrorKind::BackendError,
+            match exception_name(code) {
+                Some(name) => {
+                    format!("the guest interpreter crashed ({name}, exception 0x{code:08X})")
+                }
+                None => format!("the guest interpreter crashed (exception 0x{code:08X})"),
+            },
         )),
     }
 }

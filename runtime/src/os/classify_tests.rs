@@ -129,7 +129,10 @@ fn memory_errors_of_a_native_guest_are_the_memory_limit() {
 #[test]
 fn without_a_result_the_exit_decides() {
     let none = Evidence::default();
-    let oom = Evidence { oom_killed: true };
+    let oom = Evidence {
+        oom_killed: true,
+        ..Evidence::default()
+    };
     let c = |exit, ev| classify(None, exit, ev, Reporter::Guest, MAX);
     assert_eq!(c(Exit::Code(0), none).unwrap(), Value::Null);
     assert_eq!(kind(c(Exit::Code(3), none)), ErrorKind::GuestException);
@@ -183,4 +186,61 @@ fn docker_statuses_map_to_signals_and_sandbox_failures() {
         exit_of(std::process::ExitStatus::from_raw(9), false),
         Exit::Signal(9)
     );
+}
+
+#[test]
+fn the_hosts_cpu_accounting_is_the_cpu_limit() {
+    let cpu = Evidence {
+        cpu_time_exceeded: true,
+        ..Evidence::default()
+    };
+    let c = |exit, ev| classify(None, exit, ev, Reporter::Guest, MAX);
+    let e = c(Exit::Code(1816), cpu).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Timeout);
+    assert_eq!(e.message, "the CPU-time limit was reached");
+    // Without the host's accounting, the same status is the guest's own failure.
+    assert_eq!(
+        kind(c(Exit::Code(1816), Evidence::default())),
+        ErrorKind::GuestException
+    );
+    // A reported result still wins over the accounting; the wall clock over both.
+    assert_eq!(
+        classify(value("1"), Exit::Code(1816), cpu, Reporter::Guest, MAX).unwrap(),
+        json!(1)
+    );
+    assert_eq!(kind(c(Exit::TimedOut, cpu)), ErrorKind::Timeout);
+}
+
+#[test]
+fn exceptions_are_crashes_except_a_stack_overflow() {
+    let c = |exit| classify(None, exit, Evidence::default(), Reporter::Guest, MAX);
+    let e = c(Exit::Exception(0xC000_0005)).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::BackendError);
+    assert_eq!(
+        e.message,
+        "the guest interpreter crashed (an access violation, exception 0xC0000005)"
+    );
+    let e = c(Exit::Exception(0xC000_00FD)).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::StackOverflow);
+    let e = c(Exit::Exception(0xC000_0017)).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::BackendError, "no host evidence: a crash");
+    assert!(e.message.contains("out of memory"), "{}", e.message);
+    let e = c(Exit::Exception(0xC0AB_CDEF)).unwrap_err();
+    assert_eq!(
+        e.message,
+        "the guest interpreter crashed (exception 0xC0ABCDEF)"
+    );
+    // With the job's report of its memory limit, it is the memory limit.
+    let oom = Evidence {
+        oom_killed: true,
+        ..Evidence::default()
+    };
+    let r = classify(
+        None,
+        Exit::Exception(0xC000_0017),
+        oom,
+        Reporter::Guest,
+        MAX,
+    );
+    assert_eq!(kind(r), ErrorKind::MemoryLimit);
 }

@@ -1,6 +1,5 @@
 //! The guest's Python files, embedded so library users need no checkout of this repository:
 //! each run writes them into its private directory, which the sandbox binds read-only.
-#![cfg_attr(not(unix), allow(dead_code))]
 
 /// The transport-agnostic guest logic (shared with the wasm guest).
 pub const RUNNER: (&str, &str) = (

@@ -193,6 +193,7 @@ impl LayeredBackend {
         let spawned = spawn::run(spec, contain).await;
         let evidence = Evidence {
             oom_killed: cgroup.as_ref().is_some_and(RunCgroup::oom_killed),
+            ..Evidence::default()
         };
         if let Some(cg) = cgroup {
             cg.finish().await;

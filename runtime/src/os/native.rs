@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::cgroup::{self, RunCgroup};
 use super::container::Container;
 use super::rlimits::MAX_PROCESSES;
-use super::token::random_hex;
+use super::token::{Token, random_hex};
 use crate::backend::Job;
 use crate::policy::Binding;
 use crate::{ErrorKind, RunError};
@@ -131,6 +131,22 @@ pub(crate) fn request_json(job: &Job) -> String {
     .to_string()
 }
 
+/// What the guest reads on stdin, for every transport: one JSON header line (`socket`: where
+/// the broker listens, as the guest names it: a Unix socket's path or a Windows pipe's name;
+/// `token`; `request_json`; `max_args_bytes`), then the code.
+pub(crate) fn guest_stdin(socket: &str, token: &Token, job: &Job) -> Vec<u8> {
+    let header = json!({
+        "socket": socket,
+        "token": token.as_str(),
+        "request_json": request_json(job),
+        "max_args_bytes": job.limits.max_tool_args_bytes(),
+    });
+    let mut stdin = header.to_string().into_bytes();
+    stdin.push(b'\n');
+    stdin.extend_from_slice(job.code.as_bytes());
+    stdin
+}
+
 /// The async functions the guest defines, as `[binding, qualified, description]`.
 fn bindings_for(tools: &[Binding]) -> Vec<[&str; 3]> {
     tools
@@ -169,8 +185,6 @@ mod unix {
     use std::sync::Arc;
     use std::time::{Instant, SystemTime};
 
-    use serde_json::json;
-
     use super::super::cgroup::{self, RunCgroup};
     use super::super::classify::{self, Evidence, Exit, Reporter};
     use super::super::container;
@@ -180,7 +194,7 @@ mod unix {
     use super::super::spawn::{self, Containment, Ended, SpawnSpec};
     use super::{
         NativeRun, NativeSandbox, SOCKET_NAME, backend_failure, files_refused, fuel_refused,
-        request_json, run_cgroup, run_tag,
+        guest_stdin, run_cgroup, run_tag,
     };
     use crate::RunResult;
     use crate::backend::Job;
@@ -262,15 +276,7 @@ mod unix {
             Some(cg) => cgroup::wrap(cg.procs_files(), command.argv),
             None => command.argv,
         };
-        let header = json!({
-            "socket": guest_socket,
-            "token": server.token().as_str(),
-            "request_json": request_json(&job),
-            "max_args_bytes": limits.max_tool_args_bytes(),
-        });
-        let mut stdin = header.to_string().into_bytes();
-        stdin.push(b'\n');
-        stdin.extend_from_slice(job.code.as_bytes());
+        let stdin = guest_stdin(&guest_socket, server.token(), &job);
         let spec = SpawnSpec {
             argv,
             env: command.env,
@@ -286,6 +292,7 @@ mod unix {
         let spawned = spawn::run(spec, contain).await;
         let mut evidence = Evidence {
             oom_killed: cgroup.as_ref().is_some_and(RunCgroup::oom_killed),
+            ..Evidence::default()
         };
         if let Some(cg) = cgroup {
             cg.finish().await;
@@ -318,3 +325,7 @@ mod unix {
             .build()
     }
 }
+
+#[cfg(test)]
+#[path = "native_tests.rs"]
+mod tests;

@@ -1,52 +1,118 @@
-//! The Windows backend: AppContainer + Job Object settings. **The launcher is not
-//! implemented**: this module renders what a launcher would apply, as plain data with unit
-//! tests, and the backend reports itself unavailable everywhere.
+//! The Windows backend: native CPython in an AppContainer with no capabilities, inside a Job
+//! Object, reaching the broker over a named pipe.
 //!
-//! # Security (as designed)
+//! **This launcher has never run in CI, nor anywhere else we know of.** This repository is
+//! built and tested on Linux: the launcher is compiled for `x86_64-pc-windows-gnu` with
+//! clippy's `-D warnings` (`scripts/cross-check`), and every decision it makes is a pure
+//! function unit-tested on Linux: the settings ([`render_settings`]), the command line and
+//! environment block ([`command_line`]), the security descriptors ([`acl`]), the Job
+//! Object's limits and how its end is classified ([`job`]). The Win32 calls themselves
+//! (`launcher`, `process`, `job_object`, `pipe` and `win32`, compiled on Windows only) are
+//! compile-checked, never run. [`availability`](Backend::availability) probes what it can on Windows (the
+//! interpreter, creating an AppContainer profile); a first run on Windows is the launcher's
+//! first test.
 //!
-//! The guest would run in an AppContainer with no capabilities (no network, no user files
-//! beyond what is granted to its package SID), inside a Job Object with a memory cap per
-//! process and per job, an active-process limit, a CPU-time limit, and kill-on-job-close (the
-//! whole tree dies with the host's handle). The broker transport would be a named pipe whose
-//! DACL grants only the AppContainer's SID, with the same frames and token as the Unix socket.
+//! # Security
 //!
-//! Why no launcher: creating an AppContainer process needs Win32 calls (`CreateAppContainerProfile`,
-//! `STARTUPINFOEX` with `SECURITY_CAPABILITIES`, `AssignProcessToJobObject`) that this
-//! repository cannot build or test (its CI is Linux), and an untested sandbox is worse than an
-//! honest "unavailable".
+//! For each run the launcher
+//!
+//! * creates an AppContainer profile `pycage.run.<tag>` and starts the guest in it with no
+//!   capability SIDs: no network (no `internetClient`), none of the user's libraries, its
+//!   own low-integrity token; the profile is deleted after the run;
+//! * makes a run directory under `%TEMP%` with a protected DACL granting the owner full
+//!   access and the container read access only ([`acl::run_dir_sddl`]), holding the guest's
+//!   two Python files and its working directory `work`, which the container may modify, at
+//!   low integrity ([`acl::work_dir_sddl`]); `work` is the guest's current directory,
+//!   `TEMP` and `TMP`;
+//! * serves the broker on a named pipe `\\.\pipe\pycage-<tag>`, created as the first
+//!   instance (a pipe someone made first under that name fails the run), rejecting remote
+//!   clients, with a DACL granting only the owner and the container ([`acl::pipe_sddl`]);
+//!   each connection is handled as on every transport (frame caps, the per-run token, a byte
+//!   budget, at most 64 connections at once);
+//! * creates a Job Object ([`job::JobPlan`]) with the memory limit per process and for the
+//!   whole job, at most 64 active processes, a CPU-time limit of the wall clock plus a
+//!   second, kill on job close, die on unhandled exception (no error dialog keeps a process
+//!   alive) and every UI restriction; breaking away is never allowed; a completion port
+//!   hears its memory-limit messages;
+//! * creates the interpreter suspended (`STARTUPINFOEXW` with
+//!   `PROC_THREAD_ATTRIBUTE_SECURITY_CAPABILITIES`, and a handle list holding only its three
+//!   pipes: nothing else of the host is inherited), assigns it to the job and only then
+//!   resumes it, so nothing of the guest runs outside the job; the interpreter is an
+//!   absolute path (never looked up on `PATH`) run as `-I -B -X utf8` with an environment of
+//!   `SystemRoot`, `TEMP` and `TMP` only;
+//! * terminates the whole job at the wall-clock deadline, terminates whatever the first
+//!   process left when it exits, and closes the job at the end.
+//!
+//! A run ends through the classifier of every OS backend; the job's limits count only on
+//! the host's own evidence, never on an exit code the guest could choose ([`job::exit_of`]).
+//!
+//! Not protected: an AppContainer may still read what Windows grants to `ALL APPLICATION
+//! PACKAGES` (most of `C:\Windows` and `C:\Program Files`, some registry keys); the kernel
+//! and win32k are shared; other processes of the host's user can open the broker's pipe as
+//! the owner (they still need the run's token), as other processes of a Unix user can open
+//! the socket. The interpreter must be readable by AppContainers: one under
+//! `C:\Program Files` is, one in the user's profile is not (its runs fail as
+//! `backend_error`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
+use super::local::WORK_DIR;
+use super::native::INTERPRETER_FLAGS;
 use super::rlimits::MAX_PROCESSES;
 use crate::backend::{Availability, Backend, Job, RunFuture};
 use crate::broker::ToolGate;
 use crate::{ErrorKind, Limits, RunError, RunResult};
 
-/// The Job Object limits of one run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct JobLimits {
-    /// `JOB_OBJECT_LIMIT_PROCESS_MEMORY`: committed bytes per process.
-    pub process_memory_bytes: u64,
-    /// `JOB_OBJECT_LIMIT_JOB_MEMORY`: committed bytes of the whole job.
-    pub job_memory_bytes: u64,
-    /// `JOB_OBJECT_LIMIT_ACTIVE_PROCESS`: processes alive at once.
-    pub active_processes: u32,
-    /// `JOB_OBJECT_LIMIT_JOB_TIME`: user-mode CPU time of the job, in 100 ns units.
-    pub job_user_time_100ns: u64,
-    /// `JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE`.
-    pub kill_on_job_close: bool,
-    /// `JOB_OBJECT_LIMIT_DIE_ON_UNHANDLED_EXCEPTION` (no error dialogs that keep a process
-    /// alive).
-    pub die_on_unhandled_exception: bool,
-    /// `JOB_OBJECT_UILIMIT_ALL`: no desktop, clipboard or global atoms.
-    pub ui_restrictions_all: bool,
-}
+pub mod acl;
+pub mod command_line;
+pub mod job;
+#[cfg(windows)]
+mod job_object;
+#[cfg(windows)]
+mod launcher;
+#[cfg(windows)]
+mod pipe;
+#[cfg(windows)]
+mod process;
+#[cfg(windows)]
+mod win32;
 
-/// What a Windows launcher would apply to one run.
+pub use self::job::JobLimits;
+
+/// The backend's name.
+const NAME: &str = "windows";
+
+/// Why the backend cannot run off Windows.
+const WRONG_OS: &str = "wrong OS: AppContainer needs Windows";
+
+/// The environment variable naming Windows' own directory: the only one of the host's that
+/// the guest's environment keeps (parts of the C runtime and of Winsock look for it).
+pub const ENV_SYSTEM_ROOT: &str = "SystemRoot";
+
+/// Windows' directory when [`ENV_SYSTEM_ROOT`] is not set.
+pub const DEFAULT_SYSTEM_ROOT: &str = r"C:\Windows";
+
+/// The default interpreter: python.org's CPython 3.13 installed for all users, under
+/// `C:\Program Files`, which AppContainers may read.
+pub const DEFAULT_WINDOWS_INTERPRETER: &str = r"C:\Program Files\Python313\python.exe";
+
+/// The interpreter's flags after isolated mode (`-I -B`): UTF-8 mode, so that the guest's
+/// stdout and stderr are UTF-8 whatever the console code page (`PYTHONUTF8` would do the
+/// same, but isolated mode ignores `PYTHON*` variables).
+pub const UTF8_MODE: [&str; 2] = ["-X", "utf8"];
+
+/// What a reason given on Windows adds: the launcher's part in any failure is untested.
+pub const UNTESTED_NOTE: &str =
+    "the Windows launcher is compiled and unit-tested on Linux only and has never run in CI";
+
+/// The longest AppContainer profile name Windows accepts.
+pub const MAX_APP_CONTAINER_NAME: usize = 64;
+
+/// What the launcher applies to one run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct WindowsSandboxSettings {
     /// The AppContainer profile name (created per run, deleted afterwards).
@@ -55,22 +121,32 @@ pub struct WindowsSandboxSettings {
     pub capabilities: Vec<String>,
     /// The Job Object's limits.
     pub job: JobLimits,
-    /// The broker's named pipe (`\\.\pipe\...`), its DACL granting only the AppContainer.
+    /// The broker's named pipe (`\\.\pipe\...`), its DACL granting only the owner and the
+    /// AppContainer.
     pub pipe_name: String,
-    /// The command line, as separate arguments.
+    /// The command line, as separate arguments (the interpreter first).
     pub command_line: Vec<String>,
     /// The whole environment.
     pub environment: Vec<(String, String)>,
+    /// The guest's working directory: its current directory, `TEMP` and `TMP`.
+    pub work_dir: String,
 }
 
-/// The settings of one run tagged `tag` (random per run). Pure.
+/// The settings of one run tagged `tag` (random per run), its run directory `run_dir` and
+/// Windows' directory `system_root`. Pure.
 pub fn render_settings(
     limits: &Limits,
     tag: &str,
     interpreter: &str,
     run_dir: &str,
+    system_root: &str,
 ) -> WindowsSandboxSettings {
     let cpu = limits.wall_timeout() + Duration::from_secs(1);
+    let work_dir = format!(r"{run_dir}\{WORK_DIR}");
+    let mut command_line = vec![interpreter.to_owned()];
+    command_line.extend(INTERPRETER_FLAGS.iter().map(|f| (*f).to_owned()));
+    command_line.extend(UTF8_MODE.iter().map(|f| (*f).to_owned()));
+    command_line.push(format!(r"{run_dir}\pycage_socket.py"));
     WindowsSandboxSettings {
         app_container_name: format!("pycage.run.{tag}"),
         capabilities: Vec::new(),
@@ -84,43 +160,73 @@ pub fn render_settings(
             ui_restrictions_all: true,
         },
         pipe_name: format!(r"\\.\pipe\pycage-{tag}"),
-        command_line: vec![
-            interpreter.to_owned(),
-            "-I".into(),
-            "-B".into(),
-            format!(r"{run_dir}\pycage_socket.py"),
-        ],
+        command_line,
         environment: vec![
-            ("PYTHONUTF8".into(), "1".into()),
-            ("TEMP".into(), format!(r"{run_dir}\work")),
-            ("TMP".into(), format!(r"{run_dir}\work")),
+            (ENV_SYSTEM_ROOT.into(), system_root.into()),
+            ("TEMP".into(), work_dir.clone()),
+            ("TMP".into(), work_dir.clone()),
         ],
+        work_dir,
     }
 }
 
-/// The Windows backend: settings only; unavailable everywhere (see the module docs).
-#[derive(Debug, Clone, Default)]
-pub struct WindowsBackend;
+/// True when `name` can name an AppContainer profile: 1 to [`MAX_APP_CONTAINER_NAME`]
+/// characters out of `[-_. A-Za-z0-9]`.
+pub fn is_valid_app_container_name(name: &str) -> bool {
+    (1..=MAX_APP_CONTAINER_NAME).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b' '))
+}
+
+/// The Windows backend. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct WindowsBackend {
+    interpreter: PathBuf,
+}
+
+impl Default for WindowsBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl WindowsBackend {
-    /// The backend.
+    /// The backend with [`DEFAULT_WINDOWS_INTERPRETER`].
     pub fn new() -> Self {
-        WindowsBackend
+        Self::with_interpreter(DEFAULT_WINDOWS_INTERPRETER)
     }
 
-    /// Why it cannot run here.
-    pub fn unavailable_reason() -> &'static str {
-        if cfg!(windows) {
-            "the AppContainer launcher is not implemented yet"
-        } else {
-            "wrong OS: AppContainer needs Windows (and its launcher is not implemented yet)"
+    /// The backend with another interpreter: an absolute path, readable by AppContainers.
+    pub fn with_interpreter(interpreter: impl Into<PathBuf>) -> Self {
+        WindowsBackend {
+            interpreter: interpreter.into(),
         }
+    }
+
+    /// The interpreter the guest runs in.
+    pub fn interpreter(&self) -> &Path {
+        &self.interpreter
+    }
+
+    /// The checks made before every run: the right OS and the interpreter present.
+    fn preflight(&self) -> Result<(), String> {
+        if !cfg!(windows) {
+            return Err(WRONG_OS.into());
+        }
+        if !self.interpreter.is_absolute() || !self.interpreter.is_file() {
+            return Err(format!(
+                "interpreter missing: {}",
+                self.interpreter.display()
+            ));
+        }
+        Ok(())
     }
 }
 
 impl Backend for WindowsBackend {
     fn name(&self) -> &'static str {
-        "windows"
+        NAME
     }
 
     fn provides_isolation(&self) -> bool {
@@ -128,24 +234,44 @@ impl Backend for WindowsBackend {
     }
 
     fn availability(&self) -> Availability {
-        Availability::Unavailable(Self::unavailable_reason().into())
+        if let Err(why) = self.preflight() {
+            return Availability::Unavailable(why);
+        }
+        #[cfg(windows)]
+        if let Err(e) = launcher::probe() {
+            return Availability::Unavailable(format!(
+                "an AppContainer profile cannot be created here: {e} ({UNTESTED_NOTE})"
+            ));
+        }
+        Availability::Available
     }
 
-    fn run(&self, _job: Job, _gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
-        Box::pin(async {
-            RunResult::failed(
-                "windows",
-                RunError::new(
-                    ErrorKind::BackendError,
-                    format!(
-                        "the windows backend is unavailable: {}",
-                        Self::unavailable_reason()
-                    ),
-                ),
-                Duration::ZERO,
-            )
+    #[cfg(windows)]
+    fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
+        Box::pin(async move {
+            if let Err(why) = self.preflight() {
+                return unavailable(why);
+            }
+            launcher::run(job, gate, &self.interpreter).await
         })
     }
+
+    #[cfg(not(windows))]
+    fn run(&self, _job: Job, _gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
+        Box::pin(async { unavailable(WRONG_OS.into()) })
+    }
+}
+
+/// The failure of a run the backend cannot start here.
+fn unavailable(why: String) -> RunResult {
+    RunResult::failed(
+        NAME,
+        RunError::new(
+            ErrorKind::BackendError,
+            format!("the windows backend is unavailable: {why}"),
+        ),
+        Duration::ZERO,
+    )
 }
 
 /// A Windows path for `run_dir` in documentation and tests.
@@ -154,55 +280,5 @@ pub fn example_run_dir() -> &'static Path {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings() -> WindowsSandboxSettings {
-        let limits = Limits::builder()
-            .wall_timeout(Duration::from_secs(5))
-            .memory_bytes(128 << 20)
-            .build()
-            .unwrap();
-        render_settings(
-            &limits,
-            "0123abcd",
-            r"C:\Python313\python.exe",
-            &example_run_dir().to_string_lossy(),
-        )
-    }
-
-    #[test]
-    fn no_capabilities_and_a_job_that_dies_with_the_host() {
-        let s = settings();
-        assert!(s.capabilities.is_empty(), "no capability SIDs");
-        assert!(s.job.kill_on_job_close);
-        assert!(s.job.die_on_unhandled_exception);
-        assert!(s.job.ui_restrictions_all);
-        assert_eq!(s.job.process_memory_bytes, 128 << 20);
-        assert_eq!(s.job.job_memory_bytes, 128 << 20);
-        assert_eq!(s.job.active_processes, 64);
-        assert_eq!(s.job.job_user_time_100ns, 60_000_000);
-    }
-
-    #[test]
-    fn names_are_per_run() {
-        let s = settings();
-        assert_eq!(s.app_container_name, "pycage.run.0123abcd");
-        assert_eq!(s.pipe_name, r"\\.\pipe\pycage-0123abcd");
-        assert_eq!(
-            s.command_line.last().unwrap(),
-            r"C:\Users\ada\AppData\Local\Temp\pycage-abc\pycage_socket.py"
-        );
-        let names: Vec<_> = s.environment.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, ["PYTHONUTF8", "TEMP", "TMP"]);
-    }
-
-    #[test]
-    fn it_is_never_available_and_says_why() {
-        let a = WindowsBackend::new().availability();
-        let Availability::Unavailable(why) = a else {
-            panic!("the launcher is not implemented")
-        };
-        assert!(why.contains("not implemented"), "{why}");
-    }
-}
+#[path = "windows_tests.rs"]
+mod tests;
