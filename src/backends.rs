@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use pycage::os::BACKEND_NAMES;
-use pycage::{Availability, Backend, BackendOptions, WasmBackend, backend_by_name};
+use pycage::{Availability, Backend, BackendOptions, Unavailable, WasmBackend, backend_by_name};
 use serde_json::json;
 
 use crate::cli::BackendsArgs;
@@ -40,7 +40,7 @@ pub fn list(args: BackendsArgs) -> Exit {
                     }
                     (backend.provides_isolation(), backend.availability())
                 }
-                Err(e) => (true, Availability::Unavailable(e)),
+                Err(e) => (true, Availability::Unavailable(Unavailable::refused(e))),
             };
             (*name, isolation, availability)
         })
@@ -51,15 +51,18 @@ pub fn list(args: BackendsArgs) -> Exit {
         let table: Vec<_> = rows
             .iter()
             .map(|(name, isolation, availability)| {
-                let reason = match availability {
-                    Availability::Available => None,
-                    Availability::Unavailable(why) => Some(why.as_str()),
+                let (reason, kind) = match availability {
+                    Availability::Available => (None, None),
+                    Availability::Unavailable(why) => {
+                        (Some(why.reason()), Some(why.kind().as_str()))
+                    }
                 };
                 let mut row = json!({
                     "name": name,
                     "isolation": isolation,
                     "available": availability.is_available(),
                     "reason": reason,
+                    "reason_kind": kind,
                 });
                 if *name == "wasm"
                     && let Some(in_place) = in_place

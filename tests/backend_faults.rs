@@ -39,7 +39,8 @@ async fn a_missing_interpreter_is_unavailable_and_a_run_fails_cleanly() {
             panic!("a missing interpreter must make the backend unavailable")
         }
     };
-    assert!(why.contains("missing"), "{why}");
+    assert!(why.reason().contains("missing"), "{why}");
+    assert_eq!(why.kind(), pycage::UnavailableKind::Missing);
     let r = runner(Arc::new(backend)).run("return 1").await;
     assert!(!r.ok);
     assert_eq!(
@@ -60,7 +61,10 @@ async fn a_missing_image_is_unavailable_and_a_run_fails_cleanly() {
     }
     let backend = DockerBackend::with_image("pycage-no-such-image:never");
     match backend.availability() {
-        Availability::Unavailable(why) => assert!(why.contains("image absent"), "{why}"),
+        Availability::Unavailable(why) => {
+            assert!(why.reason().contains("image absent"), "{why}");
+            assert_eq!(why.kind(), pycage::UnavailableKind::Missing);
+        }
         Availability::Available => panic!("a missing image must make the backend unavailable"),
     }
     let r = runner(Arc::new(backend)).run("return 1").await;

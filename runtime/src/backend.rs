@@ -33,8 +33,8 @@ pub struct Job {
 pub enum Availability {
     /// It can run here.
     Available,
-    /// It cannot run here; the reason says why (binary missing, wrong OS, ...).
-    Unavailable(String),
+    /// It cannot run here, and why.
+    Unavailable(Unavailable),
 }
 
 impl Availability {
@@ -43,14 +43,95 @@ impl Availability {
         matches!(self, Availability::Available)
     }
 
-    /// `Ok` when available, else the reason.
-    pub fn into_result(self) -> Result<(), String> {
+    /// `Ok` when available, else why not.
+    ///
+    /// # Errors
+    ///
+    /// The [`Unavailable`] reason.
+    pub fn into_result(self) -> Result<(), Unavailable> {
         match self {
             Availability::Available => Ok(()),
             Availability::Unavailable(why) => Err(why),
         }
     }
 }
+
+/// Why a backend cannot run on this host: a kind a program can act on, and a sentence for a
+/// person.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable {
+    kind: UnavailableKind,
+    reason: String,
+}
+
+/// The kinds of reason a backend cannot run here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum UnavailableKind {
+    /// It belongs on another operating system.
+    WrongOs,
+    /// Something it needs is not there: a binary, the interpreter, an image.
+    Missing,
+    /// The host refuses what it needs: namespaces, the daemon, an engine.
+    Refused,
+    /// It was set up wrong (a relative path where an absolute one is needed, ...).
+    Misconfigured,
+}
+
+impl UnavailableKind {
+    /// The kind's snake_case name (`wrong_os`), as `pycage backends --json` prints it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnavailableKind::WrongOs => "wrong_os",
+            UnavailableKind::Missing => "missing",
+            UnavailableKind::Refused => "refused",
+            UnavailableKind::Misconfigured => "misconfigured",
+        }
+    }
+}
+
+impl Unavailable {
+    /// A reason of `kind`.
+    pub fn new(kind: UnavailableKind, reason: impl Into<String>) -> Self {
+        Unavailable {
+            kind,
+            reason: reason.into(),
+        }
+    }
+
+    /// It belongs on another operating system.
+    pub fn wrong_os(reason: impl Into<String>) -> Self {
+        Self::new(UnavailableKind::WrongOs, reason)
+    }
+
+    /// Something it needs is not there.
+    pub fn missing(reason: impl Into<String>) -> Self {
+        Self::new(UnavailableKind::Missing, reason)
+    }
+
+    /// The host refuses what it needs.
+    pub fn refused(reason: impl Into<String>) -> Self {
+        Self::new(UnavailableKind::Refused, reason)
+    }
+
+    /// The kind of reason.
+    pub fn kind(&self) -> UnavailableKind {
+        self.kind
+    }
+
+    /// The sentence (`wrong OS: bubblewrap needs Linux`).
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl std::error::Error for Unavailable {}
 
 impl fmt::Display for Availability {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -39,7 +39,10 @@ mod result;
 mod runner;
 pub mod wasm;
 
-pub use backend::{Availability, Backend, BackendError, BackendOptions, Job, backend_by_name};
+pub use backend::{
+    Availability, Backend, BackendError, BackendOptions, Job, Unavailable, UnavailableKind,
+    backend_by_name,
+};
 pub use broker::{Broker, CallError, ToolGate};
 pub use files::{InputFile, OutputFile};
 pub use limits::{Limits, LimitsBuilder, LimitsError, MAX_MEMORY_BYTES, MIN_MEMORY_BYTES};

@@ -32,7 +32,7 @@ use super::native::{
 };
 use super::rlimits::{self, MAX_PROCESSES, PRLIMIT, Rlimits};
 use crate::Limits;
-use crate::backend::{Availability, Backend, Job, RunFuture};
+use crate::backend::{Availability, Backend, Job, RunFuture, Unavailable, UnavailableKind};
 use crate::broker::ToolGate;
 
 /// Where bubblewrap is; never looked up on `PATH`.
@@ -191,7 +191,7 @@ impl NativeSandbox for BubblewrapBackend {
         "bubblewrap"
     }
 
-    fn preflight(&self) -> Result<(), String> {
+    fn preflight(&self) -> Result<(), Unavailable> {
         check_binaries(&self.interpreter, &self.layout)
     }
 
@@ -245,24 +245,30 @@ impl Backend for BubblewrapBackend {
 
 /// The static checks: the right OS, the binaries, an interpreter inside the bound
 /// directories.
-pub(crate) fn check_binaries(interpreter: &Path, layout: &HostLayout) -> Result<(), String> {
+pub(crate) fn check_binaries(interpreter: &Path, layout: &HostLayout) -> Result<(), Unavailable> {
     if !cfg!(target_os = "linux") {
-        return Err("wrong OS: bubblewrap needs Linux".into());
+        return Err(Unavailable::wrong_os("wrong OS: bubblewrap needs Linux"));
     }
     for binary in [BWRAP, PRLIMIT] {
         if !Path::new(binary).is_file() {
-            return Err(format!("binary missing: {binary}"));
+            return Err(Unavailable::missing(format!("binary missing: {binary}")));
         }
     }
     if !interpreter.is_absolute() || !interpreter.exists() {
-        return Err(format!("interpreter missing: {}", interpreter.display()));
+        return Err(Unavailable::missing(format!(
+            "interpreter missing: {}",
+            interpreter.display()
+        )));
     }
     if !layout.entries.iter().any(|(dir, e)| {
         *e != super::host_layout::SystemEntry::Missing && interpreter.starts_with(dir)
     }) {
-        return Err(format!(
-            "the interpreter {} is outside the system directories the sandbox binds",
-            interpreter.display()
+        return Err(Unavailable::new(
+            UnavailableKind::Misconfigured,
+            format!(
+                "the interpreter {} is outside the system directories the sandbox binds",
+                interpreter.display()
+            ),
         ));
     }
     Ok(())
@@ -270,7 +276,7 @@ pub(crate) fn check_binaries(interpreter: &Path, layout: &HostLayout) -> Result<
 
 /// Starts one empty sandbox (once per process) to see whether this host lets bubblewrap
 /// create its namespaces.
-pub(crate) fn probe_namespaces(interpreter: &Path, layout: &HostLayout) -> Result<(), String> {
+pub(crate) fn probe_namespaces(interpreter: &Path, layout: &HostLayout) -> Result<(), Unavailable> {
     static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
     PROBE
         .get_or_init(|| {
@@ -307,6 +313,7 @@ pub(crate) fn probe_namespaces(interpreter: &Path, layout: &HostLayout) -> Resul
             Err(format!("bubblewrap cannot create its sandbox here: {last}"))
         })
         .clone()
+        .map_err(Unavailable::refused)
 }
 
 #[cfg(test)]

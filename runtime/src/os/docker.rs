@@ -27,7 +27,7 @@ use super::native::{
 };
 use super::rlimits::{MAX_PROCESSES, PRLIMIT, Rlimits, scratch_bytes};
 use crate::Limits;
-use crate::backend::{Availability, Backend, Job, RunFuture};
+use crate::backend::{Availability, Backend, Job, RunFuture, Unavailable};
 use crate::broker::ToolGate;
 
 /// Where the Docker client is; never looked up on `PATH`.
@@ -188,15 +188,15 @@ impl NativeSandbox for DockerBackend {
 
     /// The file checks only: asking the daemon would cost a round trip per run, and a daemon
     /// or image problem already fails `docker run` itself as a sandbox failure.
-    fn preflight(&self) -> Result<(), String> {
+    fn preflight(&self) -> Result<(), Unavailable> {
         if !Path::new(DOCKER).is_file() {
-            return Err(format!("binary missing: {DOCKER}"));
+            return Err(Unavailable::missing(format!("binary missing: {DOCKER}")));
         }
         if !self.interpreter.exists() || !Path::new(PRLIMIT).is_file() {
-            return Err(format!(
+            return Err(Unavailable::missing(format!(
                 "interpreter or prlimit missing: {} {PRLIMIT}",
                 self.interpreter.display()
-            ));
+            )));
         }
         Ok(())
     }
@@ -246,31 +246,35 @@ impl Backend for DockerBackend {
 
     fn availability(&self) -> Availability {
         if !Path::new(DOCKER).is_file() {
-            return Availability::Unavailable(format!("binary missing: {DOCKER}"));
+            return Availability::Unavailable(Unavailable::missing(format!(
+                "binary missing: {DOCKER}"
+            )));
         }
         if !self.interpreter.exists() || !Path::new(PRLIMIT).is_file() {
-            return Availability::Unavailable(format!(
+            return Availability::Unavailable(Unavailable::missing(format!(
                 "interpreter or prlimit missing: {} {PRLIMIT}",
                 self.interpreter.display()
-            ));
+            )));
         }
         if let Err(why) = self.docker_ok(&["info", "--format", "{{.ServerVersion}}"]) {
             tracing::debug!(why, "pycage: docker info failed");
             if why.to_ascii_lowercase().contains("permission denied") {
-                return Availability::Unavailable(
-                    "no permission to reach the Docker daemon (docker info fails)".into(),
-                );
+                return Availability::Unavailable(Unavailable::refused(
+                    "no permission to reach the Docker daemon (docker info fails)",
+                ));
             }
-            return Availability::Unavailable("daemon down (docker info fails)".into());
+            return Availability::Unavailable(Unavailable::refused(
+                "daemon down (docker info fails)",
+            ));
         }
         if self
             .docker_ok(&["image", "inspect", "--format", "{{.Id}}", &self.image])
             .is_err()
         {
-            return Availability::Unavailable(format!(
+            return Availability::Unavailable(Unavailable::missing(format!(
                 "image absent: {} (build it with scripts/docker-image)",
                 self.image
-            ));
+            )));
         }
         Availability::Available
     }

@@ -28,7 +28,7 @@ use super::bubblewrap::{self, BwrapSpec, guest_env, render_bwrap};
 use super::host_layout::HostLayout;
 use super::native::backend_failure;
 use super::rlimits::Rlimits;
-use crate::backend::{Availability, Backend, Job, RunFuture};
+use crate::backend::{Availability, Backend, Job, RunFuture, Unavailable, UnavailableKind};
 use crate::broker::ToolGate;
 use crate::wasm::{WasmBackend, WasmError};
 use crate::{Limits, RunResult};
@@ -316,18 +316,21 @@ impl Backend for LayeredBackend {
 
     fn availability(&self) -> Availability {
         if let Err(e) = &self.host {
-            return Availability::Unavailable(format!("the wasm engine cannot start: {e}"));
+            return Availability::Unavailable(Unavailable::refused(format!(
+                "the wasm engine cannot start: {e}"
+            )));
         }
         if !self.worker.is_absolute() || !self.worker.is_file() {
-            return Availability::Unavailable(format!(
+            return Availability::Unavailable(Unavailable::missing(format!(
                 "worker executable missing: {}",
                 self.worker.display()
-            ));
+            )));
         }
         if !self.cache_dir.is_absolute() {
-            return Availability::Unavailable(
-                "the artifact cache directory must be absolute".into(),
-            );
+            return Availability::Unavailable(Unavailable::new(
+                UnavailableKind::Misconfigured,
+                "the artifact cache directory must be absolute",
+            ));
         }
         let python = Path::new(super::native::DEFAULT_INTERPRETER);
         if let Err(why) = bubblewrap::check_binaries(python, &self.layout) {

@@ -23,7 +23,7 @@ use super::native::{
 };
 use super::rlimits::{PRLIMIT, Rlimits};
 use crate::Limits;
-use crate::backend::{Availability, Backend, Job, RunFuture};
+use crate::backend::{Availability, Backend, Job, RunFuture, Unavailable};
 use crate::broker::ToolGate;
 
 /// The name of the private working directory inside the run directory.
@@ -82,7 +82,7 @@ impl NativeSandbox for LocalBackend {
         "local"
     }
 
-    fn preflight(&self) -> Result<(), String> {
+    fn preflight(&self) -> Result<(), Unavailable> {
         Backend::availability(self).into_result()
     }
 
@@ -118,16 +118,20 @@ impl Backend for LocalBackend {
 
     fn availability(&self) -> Availability {
         if !cfg!(unix) {
-            return Availability::Unavailable("wrong OS: the local backend needs Unix".into());
+            return Availability::Unavailable(Unavailable::wrong_os(
+                "wrong OS: the local backend needs Unix",
+            ));
         }
         if !Path::new(PRLIMIT).is_file() {
-            return Availability::Unavailable(format!("binary missing: {PRLIMIT}"));
+            return Availability::Unavailable(Unavailable::missing(format!(
+                "binary missing: {PRLIMIT}"
+            )));
         }
         if !self.interpreter.is_absolute() || !self.interpreter.exists() {
-            return Availability::Unavailable(format!(
+            return Availability::Unavailable(Unavailable::missing(format!(
                 "interpreter missing: {}",
                 self.interpreter.display()
-            ));
+            )));
         }
         Availability::Available
     }

@@ -66,7 +66,7 @@ pub(crate) trait NativeSandbox: Send + Sync {
     /// The cheap local checks of `availability` (binaries and interpreter present, right OS),
     /// made before every run: a sandbox that cannot start fails as `backend_error`, not as a
     /// guest that exited.
-    fn preflight(&self) -> Result<(), String>;
+    fn preflight(&self) -> Result<(), crate::Unavailable>;
     /// Where the run directory is, as the guest sees it.
     fn guest_dir(&self, host_dir: &Path) -> PathBuf;
     /// The command line for one run.
@@ -163,10 +163,10 @@ pub(crate) async fn run(
     _job: Job,
     _gate: std::sync::Arc<dyn crate::broker::ToolGate>,
 ) -> crate::RunResult {
-    let why = sandbox
-        .preflight()
-        .err()
-        .unwrap_or_else(|| "its broker transport needs a Unix host".into());
+    let why = sandbox.preflight().err().map_or_else(
+        || "its broker transport needs a Unix host".to_owned(),
+        |u| u.to_string(),
+    );
     crate::RunResult::failed(
         sandbox.name(),
         RunError::new(

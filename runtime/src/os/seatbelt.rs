@@ -27,7 +27,7 @@ use super::native::{
 };
 use super::rlimits::{MAX_OPEN_FILES, Rlimits};
 use crate::Limits;
-use crate::backend::{Availability, Backend, Job, RunFuture};
+use crate::backend::{Availability, Backend, Job, RunFuture, Unavailable};
 use crate::broker::ToolGate;
 
 /// Where `sandbox-exec` is; never looked up on `PATH`.
@@ -193,7 +193,7 @@ impl NativeSandbox for SeatbeltBackend {
         "seatbelt"
     }
 
-    fn preflight(&self) -> Result<(), String> {
+    fn preflight(&self) -> Result<(), Unavailable> {
         Backend::availability(self).into_result()
     }
 
@@ -238,16 +238,20 @@ impl Backend for SeatbeltBackend {
 
     fn availability(&self) -> Availability {
         if !cfg!(target_os = "macos") {
-            return Availability::Unavailable("wrong OS: Seatbelt needs macOS".into());
+            return Availability::Unavailable(Unavailable::wrong_os(
+                "wrong OS: Seatbelt needs macOS",
+            ));
         }
         if !Path::new(SANDBOX_EXEC).is_file() {
-            return Availability::Unavailable(format!("binary missing: {SANDBOX_EXEC}"));
+            return Availability::Unavailable(Unavailable::missing(format!(
+                "binary missing: {SANDBOX_EXEC}"
+            )));
         }
         if !self.interpreter.exists() {
-            return Availability::Unavailable(format!(
+            return Availability::Unavailable(Unavailable::missing(format!(
                 "interpreter missing: {}",
                 self.interpreter.display()
-            ));
+            )));
         }
         Availability::Available
     }

@@ -109,7 +109,9 @@ fn it_is_unavailable_off_macos() {
         let a = SeatbeltBackend::new().availability();
         assert_eq!(
             a,
-            Availability::Unavailable("wrong OS: Seatbelt needs macOS".into())
+            Availability::Unavailable(crate::Unavailable::wrong_os(
+                "wrong OS: Seatbelt needs macOS"
+            ))
         );
     }
 }

@@ -63,7 +63,7 @@ use serde::Serialize;
 use super::local::WORK_DIR;
 use super::native::INTERPRETER_FLAGS;
 use super::rlimits::MAX_PROCESSES;
-use crate::backend::{Availability, Backend, Job, RunFuture};
+use crate::backend::{Availability, Backend, Job, RunFuture, Unavailable};
 use crate::broker::ToolGate;
 use crate::{ErrorKind, Limits, RunError, RunResult};
 
@@ -210,15 +210,15 @@ impl WindowsBackend {
     }
 
     /// The checks made before every run: the right OS and the interpreter present.
-    fn preflight(&self) -> Result<(), String> {
+    fn preflight(&self) -> Result<(), Unavailable> {
         if !cfg!(windows) {
-            return Err(WRONG_OS.into());
+            return Err(Unavailable::wrong_os(WRONG_OS));
         }
         if !self.interpreter.is_absolute() || !self.interpreter.is_file() {
-            return Err(format!(
+            return Err(Unavailable::missing(format!(
                 "interpreter missing: {}",
                 self.interpreter.display()
-            ));
+            )));
         }
         Ok(())
     }
@@ -239,9 +239,9 @@ impl Backend for WindowsBackend {
         }
         #[cfg(windows)]
         if let Err(e) = launcher::probe() {
-            return Availability::Unavailable(format!(
+            return Availability::Unavailable(Unavailable::refused(format!(
                 "an AppContainer profile cannot be created here: {e} ({UNTESTED_NOTE})"
-            ));
+            )));
         }
         Availability::Available
     }
@@ -250,7 +250,7 @@ impl Backend for WindowsBackend {
     fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
         Box::pin(async move {
             if let Err(why) = self.preflight() {
-                return unavailable(why);
+                return unavailable(why.to_string());
             }
             launcher::run(job, gate, &self.interpreter).await
         })

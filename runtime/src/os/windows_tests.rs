@@ -110,14 +110,15 @@ fn off_windows_it_is_unavailable_because_of_the_os() {
     let Availability::Unavailable(why) = WindowsBackend::new().availability() else {
         panic!("AppContainer needs Windows")
     };
-    assert_eq!(why, "wrong OS: AppContainer needs Windows");
+    assert_eq!(why.reason(), "wrong OS: AppContainer needs Windows");
+    assert_eq!(why.kind(), crate::UnavailableKind::WrongOs);
     // Whatever the interpreter: the OS is the reason.
     let Availability::Unavailable(why) =
         WindowsBackend::with_interpreter("/usr/bin/python3").availability()
     else {
         panic!("AppContainer needs Windows")
     };
-    assert!(why.starts_with("wrong OS: "), "{why}");
+    assert!(why.reason().starts_with("wrong OS: "), "{why}");
 }
 
 #[cfg(not(windows))]
