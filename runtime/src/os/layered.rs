@@ -103,12 +103,12 @@ impl LayeredBackend {
         use std::time::Instant;
 
         use super::bubblewrap::process_allowance;
-        use super::cgroup::{self, RunCgroup};
-        use super::classify::{self, Evidence, Exit, Reporter};
-        use super::native::{GUEST_MOUNT, SOCKET_NAME, run_cgroup, run_tag};
+        use super::cgroup;
+        use super::classify::{self, Reporter};
+        use super::native::{GUEST_MOUNT, SOCKET_NAME, run_cgroup, run_sandbox, run_tag};
         use super::run_dir::RunDir;
         use super::server::SocketServer;
-        use super::spawn::{self, Containment, Ended, SpawnSpec};
+        use super::spawn::SpawnSpec;
         use super::worker::WorkerRequest;
         use crate::wasm::ArtifactSource;
 
@@ -186,32 +186,16 @@ impl LayeredBackend {
             output_cap: WORKER_DIAGNOSTICS_BYTES,
             deadline: started + limits.wall_timeout() + WORKER_GRACE,
         };
-        let contain = Containment {
-            cgroup: cgroup.as_ref(),
-            container: None,
-        };
-        let spawned = spawn::run(spec, contain).await;
-        let evidence = Evidence {
-            oom_killed: cgroup.as_ref().is_some_and(RunCgroup::oom_killed),
-            ..Evidence::default()
-        };
-        if let Some(cg) = cgroup {
-            cg.finish().await;
-        }
-        let outcome = server.take_outcome();
-        drop(server);
-        let spawned = match spawned {
-            Ok(s) => s,
+        let started_at = std::time::SystemTime::now();
+        let finished = match run_sandbox(spec, cgroup, None, server, started_at).await {
+            Ok(f) => f,
             Err(e) => return fail(backend_failure("the worker could not be started", e)),
         };
-        let exit = match spawned.ended {
-            Ended::TimedOut => Exit::TimedOut,
-            Ended::Exited(status) => classify::exit_of(status, false),
-        };
+        let (outcome, exit, evidence) = (finished.outcome, finished.exit, finished.evidence);
         if outcome.is_none() {
             tracing::warn!(
                 ?exit,
-                stderr = %spawned.stderr.text,
+                stderr = %finished.stderr.text,
                 "pycage: the layered worker ended without a result"
             );
         }

@@ -178,7 +178,7 @@ pub(crate) async fn run(
 }
 
 #[cfg(unix)]
-pub(crate) use unix::run;
+pub(crate) use unix::{run, run_sandbox};
 
 #[cfg(unix)]
 mod unix {
@@ -189,6 +189,7 @@ mod unix {
     use super::super::classify::{self, Evidence, Exit, Reporter};
     use super::super::container;
     use super::super::guest_files;
+    use super::super::protocol::Outcome;
     use super::super::run_dir::RunDir;
     use super::super::server::SocketServer;
     use super::super::spawn::{self, Containment, Ended, SpawnSpec};
@@ -199,6 +200,7 @@ mod unix {
     use crate::RunResult;
     use crate::backend::Job;
     use crate::broker::ToolGate;
+    use crate::capture::Captured;
 
     /// Runs a job's native guest in `sandbox`.
     pub(crate) async fn run(
@@ -285,9 +287,53 @@ mod unix {
             output_cap: limits.max_output_bytes(),
             deadline: started + limits.wall_timeout(),
         };
+        let finished =
+            match run_sandbox(spec, cgroup, command.container.as_ref(), server, started_at).await {
+                Ok(f) => f,
+                Err(e) => return fail(backend_failure("the sandbox could not be started", e)),
+            };
+        let value = classify::classify(
+            finished.outcome,
+            finished.exit,
+            finished.evidence,
+            Reporter::Guest,
+            limits.max_value_bytes(),
+        );
+        RunResult::builder(name, value)
+            .stdout(finished.stdout)
+            .stderr(finished.stderr)
+            .duration(started.elapsed())
+            .build()
+    }
+
+    /// What a sandboxed process tree left when it ended: the outcome its guest (or worker)
+    /// reported, how it ended, the host's evidence, and its captured output.
+    pub(crate) struct Finished {
+        pub outcome: Option<Outcome>,
+        pub exit: Exit,
+        pub evidence: Evidence,
+        pub stdout: Captured,
+        pub stderr: Captured,
+    }
+
+    /// Runs `spec` to its end (nothing of it outlives this call), then collects what it left,
+    /// for every native run and the layered backend's worker alike: the cgroup's OOM record
+    /// (and, for a container killed by SIGKILL, whether Docker saw the memory cap), the
+    /// outcome frame, the exit. The cgroup is removed and the server closed on the way.
+    ///
+    /// # Errors
+    ///
+    /// When the process could not be started.
+    pub(crate) async fn run_sandbox(
+        spec: SpawnSpec,
+        cgroup: Option<RunCgroup>,
+        container: Option<&container::Container>,
+        server: SocketServer,
+        started_at: SystemTime,
+    ) -> std::io::Result<Finished> {
         let contain = Containment {
             cgroup: cgroup.as_ref(),
-            container: command.container.as_ref(),
+            container,
         };
         let spawned = spawn::run(spec, contain).await;
         let mut evidence = Evidence {
@@ -299,30 +345,22 @@ mod unix {
         }
         let outcome = server.take_outcome();
         drop(server);
-        let spawned = match spawned {
-            Ok(s) => s,
-            Err(e) => return fail(backend_failure("the sandbox could not be started", e)),
-        };
+        let spawned = spawned?;
         let exit = match spawned.ended {
             Ended::TimedOut => Exit::TimedOut,
-            Ended::Exited(status) => classify::exit_of(status, command.container.is_some()),
+            Ended::Exited(status) => classify::exit_of(status, container.is_some()),
         };
         // A container killed by SIGKILL: the engine's memory cap, if Docker says so.
-        if let (Some(container), Exit::Signal(9)) = (&command.container, exit) {
+        if let (Some(container), Exit::Signal(9)) = (container, exit) {
             evidence.oom_killed |= container::oom_event(container, started_at).await;
         }
-        let value = classify::classify(
+        Ok(Finished {
             outcome,
             exit,
             evidence,
-            Reporter::Guest,
-            limits.max_value_bytes(),
-        );
-        RunResult::builder(name, value)
-            .stdout(spawned.stdout)
-            .stderr(spawned.stderr)
-            .duration(started.elapsed())
-            .build()
+            stdout: spawned.stdout,
+            stderr: spawned.stderr,
+        })
     }
 }
 
