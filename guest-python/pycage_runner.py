@@ -601,17 +601,26 @@ def exception_failure(exc):
 # One run.
 
 
+# The globals of the session this guest serves, from its first run in one on; `None` in a
+# guest that serves one-shot runs (the host never mixes the two in one guest).
+_session_globals = None
+
+
 def run(code, request_json, call):
     """Runs ``code``; returns the JSON of its value or raises ``Failure``.
 
     ``request_json`` is the JSON object of the WIT ``run`` function: ``vars``, ``tools`` (a
-    list of ``[binding, qualified, description]``) and ``max_value_bytes``.
+    list of ``[binding, qualified, description]``), ``max_value_bytes``, and ``session``: when
+    true, the code runs in the globals the session's earlier runs left (its variables,
+    imports, functions and classes); the tools are bound at the session's first run.
     """
+    global _session_globals
     try:
         request = json.loads(request_json)
         variables = request.get("vars", {})
         tools = [(b, q, d) for b, q, d in request.get("tools", [])]
         max_value_bytes = int(request["max_value_bytes"])
+        session = request.get("session", False) is True
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise Failure(INVALID_INPUT, _one_line(f"the run request is malformed: {exc}")) from None
     if not isinstance(variables, dict):
@@ -622,7 +631,13 @@ def run(code, request_json, call):
 
     compiled, is_async, wrapped = compile_code(code)
     linecache.cache[FILENAME] = (len(code), None, code.splitlines(True), FILENAME)
-    g = make_globals(call, tools, variables)
+    if not session:
+        g = make_globals(call, tools, variables)
+    elif _session_globals is None:
+        g = _session_globals = make_globals(call, tools, variables)
+    else:
+        g = _session_globals
+        g.update(variables)
     try:
         if wrapped:
             exec(compiled, g)

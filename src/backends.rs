@@ -33,16 +33,24 @@ pub fn list(args: BackendsArgs) -> Exit {
     let rows: Vec<_> = BACKEND_NAMES
         .iter()
         .map(|name| {
-            let (isolation, availability) = match by_name(name) {
+            let (isolation, sessions, availability) = match by_name(name) {
                 Ok((backend, w)) => {
                     if w.is_some() {
                         wasm = w;
                     }
-                    (backend.provides_isolation(), backend.availability())
+                    (
+                        backend.provides_isolation(),
+                        backend.supports_sessions(),
+                        backend.availability(),
+                    )
                 }
-                Err(e) => (true, Availability::Unavailable(Unavailable::refused(e))),
+                Err(e) => (
+                    true,
+                    false,
+                    Availability::Unavailable(Unavailable::refused(e)),
+                ),
             };
-            (*name, isolation, availability)
+            (*name, isolation, sessions, availability)
         })
         .collect();
     let in_place = wasm.map(|w| w.resets_slots_in_place());
@@ -50,7 +58,7 @@ pub fn list(args: BackendsArgs) -> Exit {
     if args.json {
         let table: Vec<_> = rows
             .iter()
-            .map(|(name, isolation, availability)| {
+            .map(|(name, isolation, sessions, availability)| {
                 let (reason, kind) = match availability {
                     Availability::Available => (None, None),
                     Availability::Unavailable(why) => {
@@ -60,6 +68,7 @@ pub fn list(args: BackendsArgs) -> Exit {
                 let mut row = json!({
                     "name": name,
                     "isolation": isolation,
+                    "sessions": sessions,
                     "available": availability.is_available(),
                     "reason": reason,
                     "reason_kind": kind,
@@ -75,14 +84,18 @@ pub fn list(args: BackendsArgs) -> Exit {
         println!("{}", json!(table));
         return Exit::Ok;
     }
-    println!("{:<16} {:<10} AVAILABILITY", "BACKEND", "ISOLATION");
-    for (name, isolation, availability) in &rows {
+    println!(
+        "{:<16} {:<10} {:<9} AVAILABILITY",
+        "BACKEND", "ISOLATION", "SESSIONS"
+    );
+    for (name, isolation, sessions, availability) in &rows {
         let isolation = if *isolation { "yes" } else { "NONE" };
+        let sessions = if *sessions { "yes" } else { "no" };
         let note = match (*name, availability) {
             ("local", Availability::Available) => " (only with --allow-no-isolation)",
             _ => "",
         };
-        println!("{name:<16} {isolation:<10} {availability}{note}");
+        println!("{name:<16} {isolation:<10} {sessions:<9} {availability}{note}");
     }
     println!();
     println!("process trees of native runs: {containment}");

@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use crate::broker::ToolGate;
 use crate::policy::Binding;
-use crate::{Limits, RunResult};
+use crate::{ErrorKind, Limits, RunError, RunResult};
 
 /// One run as a backend receives it: already validated by the [`Runner`](crate::Runner),
 /// which builds it (`#[non_exhaustive]`: a run may gain inputs, such as files).
@@ -145,6 +145,35 @@ impl fmt::Display for Availability {
 /// The future a backend's run returns.
 pub type RunFuture<'a> = Pin<Box<dyn Future<Output = RunResult> + Send + 'a>>;
 
+/// The future [`Backend::open_session`] returns: the session's guest, or why there is none.
+pub type SessionFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Box<dyn BackendSession>, RunError>> + Send + 'a>>;
+
+/// The result a session's backend gives when its previous run was cancelled mid-call (its
+/// future dropped): the guest was unwound or killed there, so the session ends now.
+pub(crate) fn cancelled_run_ended(backend: &str, took: std::time::Duration) -> RunResult {
+    let error = RunError::new(
+        ErrorKind::SessionEnded,
+        "the session's previous run was cancelled before it finished",
+    );
+    RunResult::builder(backend, Err(error))
+        .session_ended(true)
+        .duration(took)
+        .build()
+}
+
+/// One session's guest, kept alive by its backend between runs (see
+/// [`Runner::session`](crate::Runner::session), which owns it).
+///
+/// A run whose result has [`RunResult::session_ended`] set was the guest's last: the backend
+/// has dropped it, and every later run fails with `session_ended`. Nothing else ends it.
+pub trait BackendSession: Send + 'static {
+    /// Runs one job in the session's guest, its code in the globals earlier runs left. The
+    /// job's memory limit and file budgets must be the session's (the guest and its scratch
+    /// directory outlive the run).
+    fn run(&mut self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_>;
+}
+
 /// One way to run a guest: wasm in-process, or an operating-system sandbox.
 ///
 /// Every backend enforces the job's [`Limits`] on the host side, reaches host tools only
@@ -165,6 +194,23 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Runs one job. `gate` is the only channel to host tools.
     fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_>;
+
+    /// True when the backend keeps sessions ([`open_session`](Self::open_session) can
+    /// succeed).
+    fn supports_sessions(&self) -> bool {
+        false
+    }
+
+    /// Starts a guest for a session with `limits` (its memory and file budgets hold for the
+    /// session's life). The default: an `unsupported` error.
+    fn open_session(&self, limits: &Limits) -> SessionFuture<'_> {
+        let _ = limits;
+        let error = RunError::new(
+            ErrorKind::Unsupported,
+            format!("the {} backend does not keep sessions", self.name()),
+        );
+        Box::pin(async move { Err(error) })
+    }
 }
 
 /// What [`backend_by_name`] needs beyond a name. The defaults: the process-wide

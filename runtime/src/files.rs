@@ -261,6 +261,12 @@ impl Usage {
         refusal
     }
 
+    /// Forgets the refusals so far: a session's next run reports its own.
+    pub(crate) fn clear_refusals(&self) {
+        self.refused.store(0, Ordering::SeqCst);
+        self.first_refusal.store(0, Ordering::SeqCst);
+    }
+
     /// How many writes were refused, and what the first was: for the notice a run's stderr
     /// gets.
     pub(crate) fn refusals(&self) -> (u32, Option<Refusal>) {
@@ -278,7 +284,8 @@ impl Usage {
     pub(crate) fn notice(&self, count: u32, first: Refusal) -> String {
         let why = match first {
             Refusal::NoSpace => format!(
-                "the run's file budget is spent ({} bytes written of max_written_bytes {}, or                  max_files {} reached)",
+                "the file budget is spent ({} bytes written of max_written_bytes {}, or \
+                 max_files {} reached)",
                 self.written.load(Ordering::SeqCst),
                 self.max_written,
                 self.max_entries
@@ -317,6 +324,16 @@ impl Usage {
             })
             .map(drop)
             .map_err(|_| self.refuse(Refusal::NoSpace))
+    }
+
+    /// Takes one entry for an input file placed by the host (a refusal here is the
+    /// request's, not a guest write's).
+    pub(crate) fn take_input_entry(&self) -> bool {
+        self.entries
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |e| {
+                e.checked_add(1).filter(|&n| n <= self.max_entries)
+            })
+            .is_ok()
     }
 
     /// Bytes written so far.

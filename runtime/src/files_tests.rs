@@ -92,7 +92,7 @@ fn a_scratch_directory_returns_what_changed_and_nothing_it_cannot_trust() {
         InputFile::new("dir/in.csv", b"a,b".to_vec()),
     ];
     let scratch = Scratch::create(inputs.to_vec(), &limits).unwrap();
-    let root = scratch.host_path().to_owned();
+    let root = scratch.host_path().unwrap().to_owned();
     std::fs::write(root.join("edit.txt"), b"after!").unwrap();
     std::fs::write(root.join("dir/new.bin"), [0u8, 1, 2]).unwrap();
     #[cfg(unix)]
@@ -112,4 +112,23 @@ fn a_scratch_directory_returns_what_changed_and_nothing_it_cannot_trust() {
     assert_eq!((out[1].size, out[1].bytes.as_ref()), (6, None));
     drop(scratch);
     assert!(!root.exists(), "the directory went with its owner");
+}
+
+#[test]
+fn a_bounded_walk_looks_at_no_more_entries_than_it_may() {
+    let limits = Limits::default();
+    let scratch = Scratch::create(Vec::new(), &limits).unwrap();
+    let root = scratch.host_path().unwrap().to_owned();
+    for n in 0..10 {
+        std::fs::write(root.join(format!("f{n}")), b"x").unwrap();
+    }
+    let (all, overflow) = scratch.produced_within(u64::MAX, 10);
+    assert_eq!((all.len(), overflow), (10, false));
+    let (some, overflow) = scratch.produced_within(u64::MAX, 4);
+    assert_eq!((some.len(), overflow), (4, true));
+    // A directory's entries count too.
+    std::fs::create_dir(root.join("d")).unwrap();
+    std::fs::write(root.join("d/inner"), b"y").unwrap();
+    let (_, overflow) = scratch.produced_within(u64::MAX, 11);
+    assert!(overflow);
 }

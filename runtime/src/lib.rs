@@ -37,11 +37,12 @@ pub mod os;
 pub mod policy;
 mod result;
 mod runner;
+mod session;
 pub mod wasm;
 
 pub use backend::{
-    Availability, Backend, BackendError, BackendOptions, Job, Unavailable, UnavailableKind,
-    backend_by_name,
+    Availability, Backend, BackendError, BackendOptions, BackendSession, Job, Unavailable,
+    UnavailableKind, backend_by_name,
 };
 pub use broker::{Broker, CallError, ToolGate};
 pub use files::{InputFile, OutputFile};
@@ -53,6 +54,7 @@ pub use policy::{ExposedTools, PolicyError, ToolPolicy};
 pub use pycage_tools;
 pub use result::{ErrorKind, RunError, RunResult, RunResultBuilder};
 pub use runner::{BuildError, RunRequest, Runner, RunnerBuilder};
+pub use session::{Session, SessionConfig, SessionId, SessionManager};
 pub use wasm::{ArtifactSource, WasmBackend, WasmBackendBuilder, WasmError};
 
 /// The README's Rust code blocks, compiled as doc tests so they cannot rot.

@@ -101,6 +101,17 @@ impl Limits {
         LimitsBuilder::from(Limits::default())
     }
 
+    /// The limits of one run in a session opened with `session`'s limits: the run's own wall
+    /// time, fuel, output, value, code and tool limits, and the session's memory and file
+    /// budgets (they belong to the guest and its directory, which outlive the run).
+    pub(crate) fn within_session(mut self, session: &Limits) -> Limits {
+        self.memory_bytes = session.memory_bytes;
+        self.max_written_bytes = session.max_written_bytes;
+        self.max_files = session.max_files;
+        self.max_file_bytes = session.max_file_bytes;
+        self
+    }
+
     /// The wall-clock limit of the whole run, including time blocked in tool calls.
     pub fn wall_timeout(&self) -> Duration {
         self.wall_timeout

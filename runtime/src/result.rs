@@ -46,6 +46,11 @@ pub struct RunResult {
     /// Serialized with their bytes as base64 (`null` for a file past `max_returned_bytes`).
     #[serde(default)]
     pub files: Vec<OutputFile>,
+    /// In a [`Session`](crate::Session): true when this run ended the session (a trap, an
+    /// exit, or a deadline poisoned its guest); `error` says why. Later runs in it fail with
+    /// `session_ended`. Serialized only when true.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub session_ended: bool,
 }
 
 impl RunResult {
@@ -72,6 +77,7 @@ impl RunResult {
             duration: Duration::ZERO,
             backend: backend.to_owned(),
             files: Vec::new(),
+            session_ended: false,
         })
     }
 
@@ -112,6 +118,12 @@ impl RunResultBuilder {
     /// The files the code produced.
     pub fn files(mut self, files: Vec<OutputFile>) -> Self {
         self.0.files = files;
+        self
+    }
+
+    /// Marks the run as the one that ended its session.
+    pub fn session_ended(mut self, ended: bool) -> Self {
+        self.0.session_ended = ended;
         self
     }
 
@@ -187,6 +199,16 @@ pub enum ErrorKind {
     CapabilityDenied,
     /// The sandbox itself failed (could not start, crashed, or is unavailable here).
     BackendError,
+    /// The backend cannot do what was asked (for example, keep a session).
+    Unsupported,
+    /// The session this run was sent to has ended (the message says why); open a new one.
+    SessionEnded,
+    /// The session is running another run; runs in one session do not overlap.
+    SessionBusy,
+    /// No live session has that id (it never existed, was closed, or expired).
+    SessionNotFound,
+    /// The most sessions allowed are live; close one or wait for one to expire.
+    TooManySessions,
 }
 
 impl ErrorKind {
@@ -204,6 +226,11 @@ impl ErrorKind {
             ErrorKind::InvalidInput => "invalid_input",
             ErrorKind::CapabilityDenied => "capability_denied",
             ErrorKind::BackendError => "backend_error",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::SessionEnded => "session_ended",
+            ErrorKind::SessionBusy => "session_busy",
+            ErrorKind::SessionNotFound => "session_not_found",
+            ErrorKind::TooManySessions => "too_many_sessions",
         }
     }
 }
@@ -250,6 +277,19 @@ pub(crate) fn cap_chars(text: &str, max: usize) -> String {
         None => text.to_owned(),
         Some((cut, _)) => format!("{}…", &text[..cut]),
     }
+}
+
+/// `n` with a comma between groups of three digits: `1,048,576`.
+pub(crate) fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Durations serialize as fractional milliseconds (`"duration": 1.25`).

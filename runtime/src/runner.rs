@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use crate::backend::{Backend, Job};
 use crate::broker::Broker;
 use crate::policy::{ExposedTools, PolicyError, ToolPolicy};
+use crate::session::Session;
 use crate::{ErrorKind, Limits, RunError, RunResult};
 
 /// Runs untrusted Python behind a backend, with limits and a brokered set of tools.
@@ -101,18 +102,55 @@ impl Runner {
     pub async fn run_request(&self, request: RunRequest) -> RunResult {
         let started = Instant::now();
         let backend = &self.inner.backend;
+        let (job, broker) = match self.job(request, None) {
+            Ok(prepared) => prepared,
+            Err(error) => return RunResult::failed(backend.name(), error, started.elapsed()),
+        };
+        let result = backend.run(job, broker.clone()).await;
+        finish(result, &broker, started)
+    }
+
+    /// Opens a [`Session`] with the runner's limits: one guest kept alive, so variables,
+    /// imports, functions, classes and files persist from one run to the next.
+    ///
+    /// # Errors
+    ///
+    /// `unsupported` when the backend keeps no sessions (see
+    /// [`Backend::supports_sessions`]); `backend_error` when its guest cannot start.
+    pub async fn session(&self) -> Result<Session, RunError> {
+        self.session_with(self.inner.limits.clone()).await
+    }
+
+    /// Opens a [`Session`] whose memory limit and file budgets are `limits`' for its whole
+    /// life; each run's other limits are its own (the runner's, or its request's).
+    ///
+    /// # Errors
+    ///
+    /// As for [`Runner::session`].
+    pub async fn session_with(&self, limits: Limits) -> Result<Session, RunError> {
+        let guest = self.inner.backend.open_session(&limits).await?;
+        Ok(Session::new(self.clone(), limits, guest))
+    }
+
+    /// The job and the broker for `request`, checked; in a session, with the session's
+    /// memory and file budgets.
+    pub(crate) fn job(
+        &self,
+        request: RunRequest,
+        session: Option<&Limits>,
+    ) -> Result<(Job, Arc<Broker>), RunError> {
         let RunRequest {
             code,
             vars,
             files,
             limits,
         } = request;
-        let limits = limits.unwrap_or_else(|| self.inner.limits.clone());
-        if let Err(error) = validate(&code, &vars, &limits)
-            .and_then(|()| crate::files::check_inputs(&files, &limits))
-        {
-            return RunResult::failed(backend.name(), error, started.elapsed());
+        let mut limits = limits.unwrap_or_else(|| self.inner.limits.clone());
+        if let Some(session) = session {
+            limits = limits.within_session(session);
         }
+        validate(&code, &vars, &limits)?;
+        crate::files::check_inputs(&files, &limits)?;
         let broker = Arc::new(Broker::new(
             next_run_id(),
             self.inner.exposed.clone(),
@@ -125,21 +163,25 @@ impl Runner {
             tools: self.inner.exposed.bindings().to_vec(),
             files,
         };
-        let mut result = backend.run(job, broker.clone()).await;
-        broker.finish();
-        result.tool_calls = broker.executed();
-        // A ToolError the code let escape after the ceiling refused a call: the ceiling is
-        // why the run failed. (A failure the code raised itself stays a guest exception.)
-        if broker.ceiling_hit()
-            && let Some(error) = &mut result.error
-            && error.kind == ErrorKind::GuestException
-            && error.exception.as_deref() == Some("ToolError")
-        {
-            error.kind = ErrorKind::ToolCallLimit;
-        }
-        result.duration = started.elapsed();
-        result
+        Ok((job, broker))
     }
+}
+
+/// Completes a backend's result with what the run's broker knows.
+pub(crate) fn finish(mut result: RunResult, broker: &Broker, started: Instant) -> RunResult {
+    broker.finish();
+    result.tool_calls = broker.executed();
+    // A ToolError the code let escape after the ceiling refused a call: the ceiling is
+    // why the run failed. (A failure the code raised itself stays a guest exception.)
+    if broker.ceiling_hit()
+        && let Some(error) = &mut result.error
+        && error.kind == ErrorKind::GuestException
+        && error.exception.as_deref() == Some("ToolError")
+    {
+        error.kind = ErrorKind::ToolCallLimit;
+    }
+    result.duration = started.elapsed();
+    result
 }
 
 /// What one run is asked to do: the code, and what it starts with.

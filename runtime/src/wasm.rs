@@ -39,9 +39,9 @@ use self::engine::SlotReset;
 use self::instance::Fresh;
 use self::pool::WarmPool;
 use self::state::RunState;
-use crate::backend::{Availability, Backend, Job, RunFuture};
+use crate::backend::{Availability, Backend, BackendSession, Job, RunFuture, SessionFuture};
 use crate::broker::ToolGate;
-use crate::{ErrorKind, RunError, RunResult};
+use crate::{ErrorKind, Limits, RunError, RunResult};
 
 include!(concat!(env!("OUT_DIR"), "/component_digest.rs"));
 
@@ -315,6 +315,71 @@ impl WasmBackend {
     }
 }
 
+impl WasmBackend {
+    /// Starts a session's guest: a fresh instance (never from the warm pool, whose instances
+    /// may be primed for one-shot runs) kept until its session drops it.
+    async fn open(&self, limits: Limits) -> Result<Box<dyn BackendSession>, RunError> {
+        let inner = self.inner.current().await.map_err(|e| {
+            tracing::error!(error = %e, "pycage: the wasm guest could not be prepared");
+            RunError::new(
+                ErrorKind::BackendError,
+                "the wasm sandbox could not be prepared",
+            )
+        })?;
+        let fresh = inner.instantiate().await.map_err(|e| {
+            tracing::error!(error = ?e, "pycage: instantiating the guest failed");
+            RunError::new(ErrorKind::BackendError, "the sandbox could not start")
+        })?;
+        Ok(Box::new(WasmSession {
+            guest: Some(fresh.into_session(&limits)),
+            running: false,
+            _inner: inner,
+        }))
+    }
+}
+
+/// A session's guest: one instance, dropped (to the reaper) when a run poisons it.
+struct WasmSession {
+    guest: Option<Fresh>,
+    /// Set while a run is in the guest: still set when a run starts, the last run's future
+    /// was dropped mid-call (its caller gave up), and the engine unwound the guest there.
+    running: bool,
+    /// The engine and its compiled guest, kept while the instance lives.
+    _inner: Arc<Inner>,
+}
+
+impl BackendSession for WasmSession {
+    fn run(&mut self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
+        Box::pin(async move {
+            let started = Instant::now();
+            if std::mem::take(&mut self.running) {
+                self.guest = None;
+                return crate::backend::cancelled_run_ended("wasm", started.elapsed());
+            }
+            let Some(guest) = self.guest.as_mut() else {
+                let error = RunError::new(ErrorKind::SessionEnded, "the session's guest is gone");
+                return RunResult::failed("wasm", error, started.elapsed());
+            };
+            // As for a one-shot run: give the runtime a turn before the guest computes.
+            tokio::task::yield_now().await;
+            self.running = true;
+            let outcome = guest.run_in(job, gate, true).await;
+            self.running = false;
+            if outcome.poisoned {
+                self.guest = None;
+            }
+            RunResult::builder("wasm", outcome.value)
+                .stdout(outcome.stdout)
+                .stderr(outcome.stderr)
+                .fuel_consumed(outcome.fuel_consumed)
+                .files(outcome.files)
+                .session_ended(outcome.poisoned)
+                .duration(started.elapsed())
+                .build()
+        })
+    }
+}
+
 impl Inner {
     /// An engine for `settings` that resets its slots as `reset` says (or releases them, where
     /// the pooling allocator is unavailable); the guest is loaded on first use.
@@ -445,6 +510,14 @@ impl Backend for WasmBackend {
 
     fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
         Box::pin(self.run_gated(job, gate))
+    }
+
+    fn supports_sessions(&self) -> bool {
+        true
+    }
+
+    fn open_session(&self, limits: &Limits) -> SessionFuture<'_> {
+        Box::pin(self.open(limits.clone()))
     }
 }
 

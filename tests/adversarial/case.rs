@@ -23,6 +23,11 @@
 //! files = { "in.txt" = "text" }      # optional input files, path = contents
 //! allow = ["math.add"]               # optional: tools to expose (default: namespace math)
 //! then = ["...code..."]              # optional: follow-up runs; the last one is checked
+//! session = true                     # optional: `code` and `then` run in one session (only
+//!                                    #   on backends that keep sessions); the canaries are
+//!                                    #   checked after every run
+//! next_session = true                # optional, with `session`: `then` runs in a second,
+//!                                    #   fresh session (what the first left must be absent)
 //! backends = ["wasm"]                # optional: only on these backends
 //! native = "same"                    # optional: what native-CPython backends must show:
 //!                                    #   "same" (every check above), or an `expect` value
@@ -70,6 +75,8 @@ pub struct Case {
     pub limits: Limits,
     pub allow: Vec<String>,
     pub then: Vec<String>,
+    pub session: bool,
+    pub next_session: bool,
     pub files: Vec<pycage::InputFile>,
     backends: Vec<String>,
     native: Native,
@@ -133,6 +140,10 @@ struct RawCase {
     #[serde(default)]
     then: Vec<String>,
     #[serde(default)]
+    session: bool,
+    #[serde(default)]
+    next_session: bool,
+    #[serde(default)]
     backends: Vec<String>,
     native: Option<toml::Value>,
 }
@@ -193,6 +204,9 @@ fn convert(category: &str, raw: RawCase) -> Result<Case, String> {
     if let Some(f) = &raw.max_file {
         limits = limits.max_file_bytes(parse_size(f).map_err(|e| e.to_string())?);
     }
+    if raw.next_session && !raw.session {
+        return Err("`next_session` needs `session = true`".into());
+    }
     Ok(Case {
         category: category.to_owned(),
         name: raw.name,
@@ -210,6 +224,8 @@ fn convert(category: &str, raw: RawCase) -> Result<Case, String> {
         limits: limits.build().map_err(|e| e.to_string())?,
         allow: raw.allow,
         then: raw.then,
+        session: raw.session,
+        next_session: raw.next_session,
         files: raw
             .files
             .into_iter()

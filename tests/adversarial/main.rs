@@ -84,7 +84,10 @@ async fn run_all(canaries: &Canaries, cases: &[Case], filter: Option<&str>) -> V
         let backend = subject.name;
         for case in cases {
             let id = format!("{}/{}", case.category, case.name);
-            if filter.is_some_and(|f| !id.contains(f)) || !case.runs_on(backend) {
+            if filter.is_some_and(|f| !id.contains(f))
+                || !case.runs_on(backend)
+                || (case.session && !subject.supports_sessions())
+            {
                 continue;
             }
             ran += 1;
@@ -176,13 +179,17 @@ async fn run_case(
     let runner = runner(canaries, subject, case)?;
     let code = canaries.substitute(&case.code);
     let started = Instant::now();
-    let mut result = runner
-        .run_request(pycage::RunRequest::new(code).files(case.files.clone()))
-        .await;
-    for follow_up in &case.then {
-        // A later run in a fresh sandbox: what the first run left behind must be gone.
-        result = runner.run(&canaries.substitute(follow_up)).await;
-    }
+    let request = pycage::RunRequest::new(code).files(case.files.clone());
+    let result = if case.session {
+        run_in_sessions(canaries, &runner, case, request).await?
+    } else {
+        let mut result = runner.run_request(request).await;
+        for follow_up in &case.then {
+            // A later run in a fresh sandbox: what the first run left behind must be gone.
+            result = runner.run(&canaries.substitute(follow_up)).await;
+        }
+        result
+    };
     let took = started.elapsed();
     let margin = MARGIN.max(subject.timeout_margin());
     let limit = (case.limits.wall_timeout() + margin) * (1 + case.then.len() as u32);
@@ -196,6 +203,34 @@ async fn run_case(
         return Err(format!("a fresh sandbox no longer runs: {fresh:?}"));
     }
     Ok(())
+}
+
+/// Runs a session case: `code`, then each follow-up, in one session (or the follow-ups in a
+/// second one), checking the canaries after every run; returns the last result.
+async fn run_in_sessions(
+    canaries: &Canaries,
+    runner: &Runner,
+    case: &Case,
+    first: pycage::RunRequest,
+) -> Result<RunResult, String> {
+    let opened = |what| move |e: pycage::RunError| format!("the {what} session did not open: {e}");
+    let session = runner.session().await.map_err(opened("first"))?;
+    let mut result = session.run_request(first).await;
+    canaries.check(&result)?;
+    let next = if case.next_session {
+        Some(runner.session().await.map_err(opened("second"))?)
+    } else {
+        None
+    };
+    for follow_up in &case.then {
+        result = next
+            .as_ref()
+            .unwrap_or(&session)
+            .run(&canaries.substitute(follow_up))
+            .await;
+        canaries.check(&result)?;
+    }
+    Ok(result)
 }
 
 fn check_expectation(case: &Case, native: bool, r: &RunResult) -> Result<(), String> {

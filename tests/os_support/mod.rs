@@ -35,6 +35,11 @@ impl Subject {
         !matches!(self.name, "wasm" | "wasm+bubblewrap")
     }
 
+    /// True when the backend keeps sessions.
+    pub fn supports_sessions(&self) -> bool {
+        self.backend.supports_sessions()
+    }
+
     /// How late a wall-clock timeout may return: the limit plus one second for the wasm
     /// backend, plus two for backends that start processes (Docker starts a container).
     pub fn timeout_margin(&self) -> Duration {

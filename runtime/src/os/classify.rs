@@ -175,7 +175,12 @@ fn failure_error(failure: RunError, reporter: Reporter) -> RunError {
             | ErrorKind::StackOverflow
             | ErrorKind::ToolCallLimit
             | ErrorKind::CapabilityDenied
-            | ErrorKind::BackendError => {
+            | ErrorKind::BackendError
+            | ErrorKind::Unsupported
+            | ErrorKind::SessionEnded
+            | ErrorKind::SessionBusy
+            | ErrorKind::SessionNotFound
+            | ErrorKind::TooManySessions => {
                 return RunError::new(
                     ErrorKind::GuestException,
                     "the guest reported a failure it cannot know about",

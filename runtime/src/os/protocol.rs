@@ -464,6 +464,11 @@ pub fn kind_to_wire(kind: ErrorKind) -> &'static str {
         ErrorKind::InvalidInput => "invalid-input",
         ErrorKind::CapabilityDenied => "capability-denied",
         ErrorKind::BackendError => "backend-error",
+        ErrorKind::Unsupported => "unsupported",
+        ErrorKind::SessionEnded => "session-ended",
+        ErrorKind::SessionBusy => "session-busy",
+        ErrorKind::SessionNotFound => "session-not-found",
+        ErrorKind::TooManySessions => "too-many-sessions",
     }
 }
 

@@ -33,6 +33,7 @@ use wasmtime_wasi_io::streams::{
 };
 
 use crate::files::{GUEST_DIR, Refusal, Scratch, Usage};
+use crate::{ErrorKind, RunError};
 
 /// The `HasData` of the budgeted filesystem.
 pub(crate) struct ScratchFs;
@@ -81,6 +82,55 @@ impl ScratchSlot {
             };
         }
         self.get()
+    }
+
+    /// Sets the directory up for a run with input `files`. A one-shot run gets a fresh one
+    /// (made now when there are inputs, else on the guest's first look at the file system:
+    /// most runs never look). A session run uses the session's, adding the inputs to it.
+    pub(crate) fn place(
+        &mut self,
+        files: Vec<crate::InputFile>,
+        limits: &crate::Limits,
+        session: bool,
+    ) -> Result<(), RunError> {
+        let made = |e: std::io::Error| {
+            tracing::error!(error = %e, "pycage: the scratch directory could not be made");
+            RunError::new(
+                ErrorKind::BackendError,
+                "the run's scratch directory could not be made",
+            )
+        };
+        if !session {
+            *self = if files.is_empty() {
+                ScratchSlot::Lazy(limits.clone())
+            } else {
+                ScratchSlot::Ready(Scratch::create(files, limits).map_err(made)?)
+            };
+            return Ok(());
+        }
+        if let ScratchSlot::Ready(scratch) = self {
+            scratch.usage().clear_refusals();
+        }
+        if files.is_empty() {
+            return Ok(());
+        }
+        match self {
+            ScratchSlot::Lazy(session_limits) => {
+                *self = ScratchSlot::Ready(Scratch::create(files, session_limits).map_err(made)?);
+                Ok(())
+            }
+            ScratchSlot::Ready(scratch) => scratch.add_inputs(files).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::InvalidInput {
+                    RunError::new(ErrorKind::InvalidInput, e.to_string())
+                } else {
+                    made(e)
+                }
+            }),
+            ScratchSlot::None | ScratchSlot::Failed => Err(RunError::new(
+                ErrorKind::BackendError,
+                "the session's scratch directory is unavailable",
+            )),
+        }
     }
 
     fn usage(&self) -> Option<Arc<Usage>> {

@@ -25,7 +25,6 @@ use super::state::{GuestLimiter, MAX_RESOURCES, RunState};
 use crate::backend::Job;
 use crate::broker::ToolGate;
 use crate::capture::CapturePipe;
-use crate::files::Scratch;
 use crate::result::decode_value;
 use crate::{ErrorKind, MAX_MEMORY_BYTES, RunError};
 
@@ -49,6 +48,8 @@ pub(crate) struct Outcome {
     pub stderr: crate::capture::Captured,
     pub fuel_consumed: Option<u64>,
     pub files: Vec<crate::OutputFile>,
+    /// The instance may not run again (a trap, an exit, or its deadline cut it).
+    pub poisoned: bool,
 }
 
 impl Fresh {
@@ -157,36 +158,50 @@ impl Fresh {
     }
 
     /// Runs one job in this instance, consuming it.
-    pub async fn run(self, mut job: Job, gate: Arc<dyn ToolGate>) -> Outcome {
-        let Fresh {
-            mut store,
-            sandbox,
-            meter_fuel,
-        } = self;
+    pub async fn run(mut self, job: Job, gate: Arc<dyn ToolGate>) -> Outcome {
+        let outcome = self.run_in(job, gate, false).await;
+        // To the reaper thread (see `GuestStore`).
+        drop(self);
+        outcome
+    }
+
+    /// Makes this instance a session's guest: its scratch directory, made on first use (or
+    /// by the first run with input files), has `limits`' budgets for the session's life.
+    pub fn into_session(mut self, limits: &crate::Limits) -> Fresh {
+        self.store.data_mut().scratch = ScratchSlot::Lazy(limits.clone());
+        self
+    }
+
+    /// Runs one job in this instance, which stays usable unless the outcome says it is
+    /// poisoned. In a session (`session`), the code runs in the globals earlier runs left,
+    /// the scratch directory is the session's, and the produced files are those this run
+    /// created or changed.
+    pub async fn run_in(
+        &mut self,
+        mut job: Job,
+        gate: Arc<dyn ToolGate>,
+        session: bool,
+    ) -> Outcome {
+        let meter_fuel = self.meter_fuel;
+        let store = &mut self.store;
+        let sandbox = &self.sandbox;
         let limits = &job.limits;
         let deadline = Instant::now() + limits.wall_timeout();
         let budget = limits.fuel().unwrap_or(u64::MAX);
         {
             let state = store.data_mut();
             state.limiter.set_limit(limits.memory_bytes());
+            state.limiter.denied = false;
+            state.denied_capability = None;
             state.stdout.reset(limits.max_output_bytes());
             state.stderr.reset(limits.max_output_bytes());
             state.deadline = deadline;
             state.gate = Some(gate);
         }
-        // The scratch directory: made now when there are input files, else on the guest's
-        // first look at the file system (most runs never look).
-        let scratch = if job.files.is_empty() {
-            Ok(ScratchSlot::Lazy(limits.clone()))
-        } else {
-            Scratch::create(std::mem::take(&mut job.files), limits).map(ScratchSlot::Ready)
-        };
-        let refused = if let Err(e) = &scratch {
-            tracing::error!(error = %e, "pycage: the scratch directory could not be made");
-            Some(RunError::new(
-                ErrorKind::BackendError,
-                "the run's scratch directory could not be made",
-            ))
+        let files = std::mem::take(&mut job.files);
+        let scratch = store.data_mut().scratch.place(files, limits, session);
+        let refused = if let Err(e) = scratch {
+            Some(e)
         } else if store.data().limiter.over_limit() {
             Some(RunError::new(
                 ErrorKind::MemoryLimit,
@@ -201,16 +216,15 @@ impl Fresh {
             None
         };
         if let Some(error) = refused {
+            store.data_mut().gate = None;
             return Outcome {
                 value: Err(error),
                 stdout: store.data().stdout.captured(),
                 stderr: store.data().stderr.captured(),
                 fuel_consumed: None,
                 files: Vec::new(),
+                poisoned: false,
             };
-        }
-        if let Ok(scratch) = scratch {
-            store.data_mut().scratch = scratch;
         }
         if !meter_fuel {
             // The deadline counts from this instance's creation, which for a pooled instance
@@ -222,19 +236,23 @@ impl Fresh {
         } else {
             Ok(())
         };
-        let request = serde_json::json!({
-            "vars": Value::Object(job.vars),
+        let mut request = serde_json::json!({
+            "vars": Value::Object(std::mem::take(&mut job.vars)),
             "tools": bindings_for(&job.tools),
             "max_value_bytes": limits.max_value_bytes(),
-        })
-        .to_string();
+        });
+        if session {
+            request["session"] = Value::Bool(true);
+        }
+        let request = request.to_string();
 
         let outcome = match fuel_set {
             Err(e) => Ok(Err(e)),
             Ok(()) => {
-                let run = sandbox
-                    .pycage_sandbox_guest()
-                    .call_run(&mut *store, &job.code, &request);
+                let run =
+                    sandbox
+                        .pycage_sandbox_guest()
+                        .call_run(&mut **store, &job.code, &request);
                 until(deadline, run).await
             }
         };
@@ -247,6 +265,9 @@ impl Fresh {
             fuel_budget: limits.fuel(),
             denied_capability: state.denied_capability.as_deref(),
         };
+        // A trap, an exit or a run cut at its deadline leaves the instance unusable: the
+        // engine unwound it mid-call.
+        let poisoned = !matches!(outcome, Ok(Ok(_)));
         let value = match outcome {
             Err(DeadlinePassed) => Err(classify::deadline_passed()),
             Ok(Err(error)) => match classify::classify(&error, &evidence) {
@@ -274,11 +295,14 @@ impl Fresh {
             stderr: state.stderr.captured(),
             fuel_consumed,
             files,
+            poisoned,
         };
-        // The broker goes back to its owner now, not when the reaper gets to the store.
-        store.data_mut().gate = None;
-        // To the reaper thread (see `GuestStore`).
-        drop(store);
+        let state = store.data_mut();
+        if session && let ScratchSlot::Ready(scratch) = &mut state.scratch {
+            scratch.rebase();
+        }
+        // The broker goes back to its owner now, not when the instance is dropped.
+        state.gate = None;
         outcome
     }
 }

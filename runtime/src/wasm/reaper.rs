@@ -52,7 +52,11 @@ impl DerefMut for GuestStore {
 
 impl Drop for GuestStore {
     fn drop(&mut self) {
-        if let Some(store) = self.0.take() {
+        if let Some(mut store) = self.0.take() {
+            // The scratch directory goes now, on this thread: a store still waiting for the
+            // reaper when the process exits (or kept by `dispose`) would leave it on disk.
+            // Most runs never made one, and this costs them nothing.
+            drop(std::mem::take(&mut store.data_mut().scratch));
             retire(store);
         }
     }
