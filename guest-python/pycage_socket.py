@@ -12,6 +12,17 @@ same guest logic the wasm backend uses; only this transport differs) and sends t
 the run's result frame. The process's stdout and stderr are the guest's own: the host captures
 them.
 
+With ``"workdir_socket"`` and ``"workdir"`` in the header (bubblewrap's one-shot runs), the
+working directory's descriptor goes to the host over that socket before the code runs, and the
+code waits until the host has written the input files into it.
+
+For a session (``"session": true`` in the header, and no code after it) the process serves run
+after run: it asks the host for its next run (a ``next`` request, answered when the host
+starts one with the code, the runner's request, the run's cap on call arguments and the run's
+end-of-output marker), runs it in the globals earlier runs left, writes the marker to its
+stdout and stderr (the host takes what came before it as the run's output) and sends the
+outcome, until the host ends the session.
+
 Frames are a 4-byte big-endian length and a JSON object. Every request carries the run's token;
 the host checks it, and every policy, on its side. Nothing here is trusted by the host.
 """
@@ -132,6 +143,19 @@ class Connection:
             return False, ("failed", "the connection to the host broker failed")
         return _decode_response(response)
 
+    def set_max_args_bytes(self, max_args_bytes):
+        """The cap on one call's arguments, from this run on (a session's runs each have theirs)."""
+        self._max_args_bytes = max_args_bytes
+
+    def next_job(self):
+        """Asks for the session's next run and waits for it; ``None`` once the session is over."""
+        response = self._exchange('"method":"next"')
+        if isinstance(response, dict) and response.get("ok") is True:
+            job = response.get("result_json")
+            if isinstance(job, str):
+                return json.loads(job)
+        return None
+
     def send_result(self, outcome):
         """Sends the run's outcome and waits for the host to acknowledge it."""
         response = self._exchange('"method":"result","outcome":' + _ENCODER.encode(outcome))
@@ -213,14 +237,36 @@ def _outcome(failure):
     }
 
 
+def _hand_over_workdir(path, workdir):
+    """Sends the working directory (a tmpfs the sandbox made) to the host, which writes the
+    input files into it and, after the run, reads the produced files back through it; waits
+    until the inputs are in place. Runs before the code: the host takes one connection only."""
+    fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(path)
+            socket.send_fds(sock, [b"w"], [fd])
+            if sock.recv(1) != b"k":
+                raise ConnectionError("the host did not set up the working directory")
+    finally:
+        os.close(fd)
+
+
 def _bootstrap():
-    """Reads the header and the code, and connects; exits with BOOTSTRAP_FAILED if it cannot."""
+    """Reads the header and the code, and connects; exits with BOOTSTRAP_FAILED if it cannot.
+
+    Returns the connection, and the code and request of a one-shot run (``None, None`` for a
+    session's guest, whose runs come over the connection)."""
     try:
         stdin = sys.stdin.buffer
         header = json.loads(stdin.readline())
-        code = stdin.read().decode("utf-8")
         connection = Connection(header["socket"], header["token"], int(header["max_args_bytes"]))
         connection.connect()
+        if "workdir_socket" in header:
+            _hand_over_workdir(header["workdir_socket"], header["workdir"])
+        if header.get("session") is True:
+            return connection, None, None
+        code = stdin.read().decode("utf-8")
         return connection, code, header["request_json"]
     except BaseException as exc:  # noqa: BLE001 - any failure here is the sandbox's
         sys.stderr.write(f"pycage: the guest could not start ({type(exc).__name__})\n")
@@ -254,8 +300,61 @@ def _run(connection, code, request_json):
             return _OUT_OF_MEMORY
 
 
+def _flush():
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - a closed or replaced stream is the code's business
+            pass
+
+
+def _mark(marker):
+    """Writes the run's end-of-output marker to the process's stdout and stderr."""
+    for fd in (1, 2):
+        view = memoryview(marker)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:  # the code closed or broke the stream: the host waits a moment only
+            pass
+
+
+def _serve_session(control):
+    """Serves a session's runs, one after another, until the host ends the session.
+
+    Tool calls travel on their own connection; ``control`` carries only ``next`` and the
+    results, so a call from a thread the code left running never waits behind the host's
+    answer to ``next``.
+    """
+    tools = Connection(control._path, json.loads(control._token_json), control._max_args_bytes)
+    while True:
+        try:
+            job = control.next_job()
+        except BaseException:  # noqa: BLE001 - the host closed the session
+            os._exit(0)
+        if job is None:
+            os._exit(0)
+        try:
+            code = job["code"]
+            request_json = job["request_json"]
+            marker = job["marker"].encode("utf-8")
+            tools.set_max_args_bytes(int(job["max_args_bytes"]))
+        except BaseException:  # noqa: BLE001 - a malformed job is the host's failure
+            os._exit(BOOTSTRAP_FAILED)
+        outcome = _run(tools, code, request_json)
+        _flush()
+        _mark(marker)
+        try:
+            control.send_result(outcome)
+        except BaseException:  # noqa: BLE001 - the host sees the missing result
+            os._exit(BOOTSTRAP_FAILED)
+        del outcome
+
+
 def main():
     connection, code, request_json = _bootstrap()
+    if code is None:
+        _serve_session(connection)
     try:
         outcome = _run(connection, code, request_json)
         # The exception, its traceback and the code's globals are gone now: memory is back.

@@ -151,7 +151,7 @@ pub fn socket_frames(data: &[u8]) {
                 assert_eq!(back.to_string(), text, "a value does not round-trip");
             }
         }
-        Ok(Request::Result { .. }) => {
+        Ok(Request::Result { .. } | Request::Next { .. }) => {
             assert!(
                 contains(&body, FUZZ_TOKEN.as_bytes()),
                 "decoded without the token"

@@ -48,10 +48,13 @@ pub mod host_layout;
 pub mod layered;
 pub mod local;
 mod native;
+mod native_session;
 pub mod protocol;
 pub mod rlimits;
 #[cfg(unix)]
 pub mod run_dir;
+#[cfg(unix)]
+mod run_stream;
 pub mod seatbelt;
 mod serve;
 #[cfg(unix)]
@@ -61,6 +64,8 @@ mod spawn;
 mod sys;
 mod token;
 pub mod windows;
+#[cfg(unix)]
+mod workdir;
 #[cfg(unix)]
 pub mod worker;
 

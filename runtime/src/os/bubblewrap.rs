@@ -17,6 +17,12 @@
 //! tree's processes and memory (see the [`cgroup`] module). The wall clock is enforced by
 //! the host, which kills the whole tree (process group, pid namespace, cgroup).
 //!
+//! A session is one such sandbox for the session's whole life: the same command with the
+//! session's limits (and a lifetime CPU-time backstop instead of one run's, see
+//! [`Rlimits::for_session`]), its guest serving run after run over the same socket; each
+//! run's deadline still kills the whole tree, and dropping the session does too. Threads
+//! or processes the code leaves running go on between runs, inside the sandbox.
+//!
 //! Not protected: the host's kernel is shared (a kernel exploit escapes), and everything
 //! under the bound system directories is readable.
 
@@ -32,8 +38,11 @@ use super::native::{
 };
 use super::rlimits::{self, MAX_PROCESSES, PRLIMIT, Rlimits};
 use crate::Limits;
-use crate::backend::{Availability, Backend, Job, RunFuture, Unavailable, UnavailableKind};
+use crate::backend::{
+    Availability, Backend, Job, RunFuture, SessionFuture, Unavailable, UnavailableKind,
+};
 use crate::broker::ToolGate;
+use crate::files::GUEST_DIR;
 
 /// Where bubblewrap is; never looked up on `PATH`.
 pub const BWRAP: &str = "/usr/bin/bwrap";
@@ -52,6 +61,9 @@ pub struct BwrapSpec {
     pub extra_ro_binds: Vec<(PathBuf, PathBuf)>,
     /// The size of the fresh `/tmp`.
     pub tmp_bytes: u64,
+    /// The size of a fresh tmpfs at [`GUEST_DIR`], the guest's working directory (for a
+    /// one-shot run's files, see the `workdir` module); `None` leaves the guest in `/tmp`.
+    pub work_bytes: Option<u64>,
     /// The guest's environment.
     pub env: Vec<(String, String)>,
     /// The command run inside.
@@ -106,7 +118,21 @@ pub fn render_bwrap(spec: &BwrapSpec) -> Vec<OsString> {
             inside.as_os_str().to_owned(),
         ]);
     }
-    argv.extend(["--chdir".into(), "/tmp".into(), "--".into()]);
+    // The working directory is a tmpfs made here, capped by the kernel, not a host
+    // directory bound read-write (which nothing would cap): see the `workdir` module.
+    let cwd = match spec.work_bytes {
+        Some(bytes) => {
+            argv.extend([
+                "--size".into(),
+                bytes.to_string().into(),
+                "--tmpfs".into(),
+                GUEST_DIR.into(),
+            ]);
+            GUEST_DIR
+        }
+        None => "/tmp",
+    };
+    argv.extend(["--chdir".into(), cwd.into(), "--".into()]);
     argv.extend(spec.program.iter().cloned());
     argv
 }
@@ -152,6 +178,67 @@ impl BubblewrapBackend {
     /// The whole command line of one run: `prlimit` with the run's rlimits, then bubblewrap,
     /// then the interpreter. Pure.
     pub fn render(&self, limits: &Limits, run_dir: &Path, processes: Option<u64>) -> Vec<OsString> {
+        self.render_with(
+            Rlimits::for_limits(limits, processes),
+            limits,
+            run_dir,
+            None,
+        )
+    }
+
+    /// As [`render`](Self::render), with a working directory at [`GUEST_DIR`]: a tmpfs of
+    /// `work_bytes`, and no file larger than `max_file_bytes` (`RLIMIT_FSIZE`, so a write
+    /// past it is `EFBIG`; CPython ignores `SIGXFSZ`). Pure.
+    pub fn render_with_workdir(
+        &self,
+        limits: &Limits,
+        run_dir: &Path,
+        processes: Option<u64>,
+        work_bytes: u64,
+    ) -> Vec<OsString> {
+        let mut rlimits = Rlimits::for_limits(limits, processes);
+        rlimits.file_size = rlimits.file_size.min(limits.max_file_bytes());
+        self.render_with(rlimits, limits, run_dir, Some(work_bytes))
+    }
+
+    /// The command line of a session's guest: as [`render`](Self::render) with the session's
+    /// limits, but the session's CPU-time budget (see [`Rlimits::for_session`]). Pure.
+    pub fn render_session(
+        &self,
+        limits: &Limits,
+        run_dir: &Path,
+        processes: Option<u64>,
+    ) -> Vec<OsString> {
+        self.render_with(
+            Rlimits::for_session(limits, processes),
+            limits,
+            run_dir,
+            None,
+        )
+    }
+
+    /// As [`render_session`](Self::render_session), with a working directory at
+    /// [`GUEST_DIR`] for the whole session (as
+    /// [`render_with_workdir`](Self::render_with_workdir)). Pure.
+    pub fn render_session_with_workdir(
+        &self,
+        limits: &Limits,
+        run_dir: &Path,
+        processes: Option<u64>,
+        work_bytes: u64,
+    ) -> Vec<OsString> {
+        let mut rlimits = Rlimits::for_session(limits, processes);
+        rlimits.file_size = rlimits.file_size.min(limits.max_file_bytes());
+        self.render_with(rlimits, limits, run_dir, Some(work_bytes))
+    }
+
+    fn render_with(
+        &self,
+        rlimits: Rlimits,
+        limits: &Limits,
+        run_dir: &Path,
+        work_bytes: Option<u64>,
+    ) -> Vec<OsString> {
         let mut program = vec![self.interpreter.as_os_str().to_owned()];
         program.extend(INTERPRETER_FLAGS.iter().map(OsString::from));
         program.push(
@@ -164,10 +251,11 @@ impl BubblewrapBackend {
             run_dir: Some(run_dir.to_owned()),
             extra_ro_binds: Vec::new(),
             tmp_bytes: rlimits::scratch_bytes(limits),
+            work_bytes,
             env: guest_env(),
             program,
         };
-        Rlimits::for_limits(limits, processes).wrap(render_bwrap(&spec))
+        rlimits.wrap(render_bwrap(&spec))
     }
 
     /// How the run's process tree is contained here: cgroup caps, or rlimits alone.
@@ -200,8 +288,19 @@ impl NativeSandbox for BubblewrapBackend {
     }
 
     fn command(&self, run: &NativeRun<'_>) -> Result<SandboxCommand, String> {
+        let processes = Some(process_allowance());
+        let argv = match (run.session, run.work_bytes) {
+            (true, Some(bytes)) => {
+                self.render_session_with_workdir(run.limits, run.host_dir, processes, bytes)
+            }
+            (true, None) => self.render_session(run.limits, run.host_dir, processes),
+            (false, Some(bytes)) => {
+                self.render_with_workdir(run.limits, run.host_dir, processes, bytes)
+            }
+            (false, None) => self.render(run.limits, run.host_dir, processes),
+        };
         Ok(SandboxCommand {
-            argv: self.render(run.limits, run.host_dir, Some(process_allowance())),
+            argv,
             env: Vec::new(),
             cwd: run.host_dir.to_owned(),
             container: None,
@@ -209,6 +308,10 @@ impl NativeSandbox for BubblewrapBackend {
     }
 
     fn uses_cgroup(&self) -> bool {
+        true
+    }
+
+    fn takes_files(&self) -> bool {
         true
     }
 }
@@ -240,6 +343,17 @@ impl Backend for BubblewrapBackend {
 
     fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
         Box::pin(native::run(self, job, gate))
+    }
+
+    fn supports_sessions(&self) -> bool {
+        true
+    }
+
+    /// One sandboxed guest process for the whole session, with a one-shot run's isolation
+    /// and the session's limits, serving its runs one after another.
+    fn open_session(&self, limits: &Limits) -> SessionFuture<'_> {
+        let limits = limits.clone();
+        Box::pin(async move { super::native_session::open(self, limits).await })
     }
 }
 
@@ -285,6 +399,7 @@ pub(crate) fn probe_namespaces(interpreter: &Path, layout: &HostLayout) -> Resul
                 run_dir: None,
                 extra_ro_binds: Vec::new(),
                 tmp_bytes: 1 << 20,
+                work_bytes: None,
                 env: guest_env(),
                 program: vec![
                     interpreter.as_os_str().to_owned(),

@@ -120,6 +120,7 @@ fn extra_binds_are_read_only() {
         run_dir: None,
         extra_ro_binds: vec![("/opt/cache".into(), "/run/pycage-cache".into())],
         tmp_bytes: 1,
+        work_bytes: None,
         env: Vec::new(),
         program: vec!["/x".into()],
     };
@@ -144,4 +145,43 @@ fn an_interpreter_outside_the_system_directories_is_refused() {
     }
     let e = check_binaries(Path::new("python3"), &layout);
     assert!(e.is_err());
+}
+
+#[test]
+fn a_one_shot_run_works_in_a_capped_tmpfs_with_a_file_size_cap() {
+    let limits = Limits::builder()
+        .memory_bytes(128 << 20)
+        .max_file_bytes(1_000)
+        .build()
+        .unwrap();
+    let argv: Vec<String> = backend()
+        .render_with_workdir(&limits, Path::new("/tmp/pycage-abc"), Some(99), 5_000)
+        .into_iter()
+        .map(|a| a.into_string().unwrap())
+        .collect();
+    // The working directory is the kernel-capped tmpfs, never a host directory bound
+    // read-write; one file is capped at max_file_bytes.
+    let at = argv.iter().position(|a| a == "/work").unwrap();
+    assert_eq!(&argv[at - 3..=at], ["--size", "5000", "--tmpfs", "/work"]);
+    assert_eq!(after(&argv, "--chdir"), ["/work"]);
+    assert!(argv.contains(&"--fsize=1000".to_owned()), "{argv:?}");
+    assert!(!argv.iter().any(|a| a == "--bind"), "{argv:?}");
+    // Without files the guest stays in /tmp, with its usual caps.
+    let plain = rendered(&limits);
+    assert_eq!(after(&plain, "--chdir"), ["/tmp"]);
+    assert!(!plain.contains(&"/work".to_owned()));
+}
+
+#[test]
+fn a_session_keeps_one_capped_working_directory() {
+    let limits = Limits::builder().max_file_bytes(1_000).build().unwrap();
+    let argv: Vec<String> = backend()
+        .render_session_with_workdir(&limits, Path::new("/tmp/pycage-abc"), Some(99), 7_000)
+        .into_iter()
+        .map(|a| a.into_string().unwrap())
+        .collect();
+    let at = argv.iter().position(|a| a == "/work").unwrap();
+    assert_eq!(&argv[at - 3..=at], ["--size", "7000", "--tmpfs", "/work"]);
+    assert_eq!(after(&argv, "--chdir"), ["/work"]);
+    assert!(argv.contains(&"--fsize=1000".to_owned()), "{argv:?}");
 }

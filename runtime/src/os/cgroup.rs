@@ -380,6 +380,37 @@ impl RunCgroup {
         tracing::warn!(cgroup = ?self.dirs, "pycage: a run's cgroup could not be removed");
     }
 
+    /// As [`finish`](Self::finish), blocking the calling thread: for cleanup from a `Drop`
+    /// (a session's), on a thread of its own.
+    pub fn finish_blocking(mut self) {
+        self.finished = true;
+        for _ in 0..200 {
+            self.kill_all();
+            if self.member_pids().is_empty() && self.remove_dirs() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        tracing::warn!(cgroup = ?self.dirs, "pycage: a session's cgroup could not be removed");
+    }
+
+    /// As [`finish_blocking`](Self::finish_blocking), for at most `within`: `Some(self)`
+    /// when members are still there by then.
+    pub fn finish_within(mut self, within: Duration) -> Option<Self> {
+        let until = std::time::Instant::now() + within;
+        loop {
+            self.kill_all();
+            if self.member_pids().is_empty() && self.remove_dirs() {
+                self.finished = true;
+                return None;
+            }
+            if std::time::Instant::now() >= until {
+                return Some(self);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Removes the directories that remain; true when all are gone.
     fn remove_dirs(&mut self) -> bool {
         self.dirs.retain(|d| match std::fs::remove_dir(d) {

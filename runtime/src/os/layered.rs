@@ -273,6 +273,7 @@ pub fn render_layered(
             (cache_dir.to_owned(), CACHE_MOUNT.into()),
         ],
         tmp_bytes: 16 << 20,
+        work_bytes: None,
         env: guest_env(),
         program: vec![
             WORKER_PATH.into(),

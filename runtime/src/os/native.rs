@@ -44,6 +44,13 @@ pub(crate) struct NativeRun<'a> {
     pub host_dir: &'a Path,
     /// A short, non-secret tag for names (container, cgroup).
     pub tag: &'a str,
+    /// True for a session's guest: one process serving run after run (its CPU-time rlimit
+    /// is the session's, not one run's).
+    pub session: bool,
+    /// The size of the working directory the sandbox makes at
+    /// [`GUEST_DIR`](crate::files::GUEST_DIR), for a sandbox that
+    /// [takes files](NativeSandbox::takes_files).
+    pub work_bytes: Option<u64>,
 }
 
 /// A sandbox's command for one run.
@@ -73,6 +80,11 @@ pub(crate) trait NativeSandbox: Send + Sync {
     fn command(&self, run: &NativeRun<'_>) -> Result<SandboxCommand, String>;
     /// True when the run's processes go into a cgroup (when the host has them).
     fn uses_cgroup(&self) -> bool;
+    /// True when a run (one-shot, or a session's) gets a working directory with input files,
+    /// whose produced files come back (see the [`workdir`](super::workdir) module).
+    fn takes_files(&self) -> bool {
+        false
+    }
 }
 
 /// The refusal of a fuel budget by a backend that cannot meter it.
@@ -90,7 +102,7 @@ pub(crate) fn files_refused(backend: &str) -> RunError {
     RunError::new(
         ErrorKind::InvalidInput,
         format!(
-            "the `{backend}` backend does not take input files yet (the `wasm` and `wasm+bubblewrap` backends do)"
+            "the `{backend}` backend does not take input files yet (the `wasm`, `wasm+bubblewrap` and `bubblewrap` backends do)"
         ),
     )
 }
@@ -123,24 +135,71 @@ pub(crate) fn backend_failure(message: &str, detail: impl std::fmt::Display) -> 
 
 /// The request the guest's runner reads (as in the WIT contract).
 pub(crate) fn request_json(job: &Job) -> String {
+    request_value(job).to_string()
+}
+
+/// The request of a run in a session: the runner keeps the code's globals across runs.
+pub(crate) fn session_request_json(job: &Job) -> String {
+    let mut request = request_value(job);
+    request["session"] = true.into();
+    request.to_string()
+}
+
+fn request_value(job: &Job) -> Value {
     json!({
         "vars": Value::Object(job.vars.clone()),
         "tools": bindings_for(&job.tools),
         "max_value_bytes": job.limits.max_value_bytes(),
     })
-    .to_string()
+}
+
+/// What a session's guest reads on stdin: one JSON header line (`socket`, `token`,
+/// `session`: true, `max_args_bytes`) and nothing else; its runs come as answers to its
+/// `next` requests (see [`SessionJob`](super::protocol::SessionJob)).
+/// With `workdir_socket`, the guest hands its working directory over on that socket first
+/// (as a one-shot run's does, see [`guest_stdin`]).
+pub(crate) fn session_stdin(
+    socket: &str,
+    workdir_socket: Option<&str>,
+    token: &Token,
+    limits: &crate::Limits,
+) -> Vec<u8> {
+    let mut header = json!({
+        "socket": socket,
+        "token": token.as_str(),
+        "session": true,
+        "max_args_bytes": limits.max_tool_args_bytes(),
+    });
+    if let Some(workdir_socket) = workdir_socket {
+        header["workdir_socket"] = workdir_socket.into();
+        header["workdir"] = crate::files::GUEST_DIR.into();
+    }
+    let mut stdin = header.to_string().into_bytes();
+    stdin.push(b'\n');
+    stdin
 }
 
 /// What the guest reads on stdin, for every transport: one JSON header line (`socket`: where
 /// the broker listens, as the guest names it: a Unix socket's path or a Windows pipe's name;
-/// `token`; `request_json`; `max_args_bytes`), then the code.
-pub(crate) fn guest_stdin(socket: &str, token: &Token, job: &Job) -> Vec<u8> {
-    let header = json!({
+/// `token`; `request_json`; `max_args_bytes`), then the code. With `workdir_socket`, the
+/// guest's bootstrap hands its working directory over on that socket (as the guest names it)
+/// before the code runs.
+pub(crate) fn guest_stdin(
+    socket: &str,
+    workdir_socket: Option<&str>,
+    token: &Token,
+    job: &Job,
+) -> Vec<u8> {
+    let mut header = json!({
         "socket": socket,
         "token": token.as_str(),
         "request_json": request_json(job),
         "max_args_bytes": job.limits.max_tool_args_bytes(),
     });
+    if let Some(workdir_socket) = workdir_socket {
+        header["workdir_socket"] = workdir_socket.into();
+        header["workdir"] = crate::files::GUEST_DIR.into();
+    }
     let mut stdin = header.to_string().into_bytes();
     stdin.push(b'\n');
     stdin.extend_from_slice(job.code.as_bytes());
@@ -193,6 +252,7 @@ mod unix {
     use super::super::run_dir::RunDir;
     use super::super::server::SocketServer;
     use super::super::spawn::{self, Containment, Ended, SpawnSpec};
+    use super::super::workdir::{self, WORKDIR_SOCKET, WorkdirListener};
     use super::{
         NativeRun, NativeSandbox, SOCKET_NAME, backend_failure, files_refused, fuel_refused,
         guest_stdin, run_cgroup, run_tag,
@@ -201,6 +261,7 @@ mod unix {
     use crate::backend::Job;
     use crate::broker::ToolGate;
     use crate::capture::Captured;
+    use crate::files::{self, Scratch};
 
     /// Runs a job's native guest in `sandbox`.
     pub(crate) async fn run(
@@ -215,8 +276,12 @@ mod unix {
         if job.limits.fuel().is_some() {
             return fail(fuel_refused(name));
         }
-        if !job.files.is_empty() {
+        let takes_files = sandbox.takes_files();
+        if !job.files.is_empty() && !takes_files {
             return fail(files_refused(name));
+        }
+        if takes_files && let Err(e) = files::check_inputs(&job.files, &job.limits) {
+            return fail(e);
         }
         if let Err(why) = sandbox.preflight() {
             return fail(backend_failure("the sandbox cannot run here", why));
@@ -238,6 +303,19 @@ mod unix {
                 "the run directory's path is not text",
                 host_dir.display(),
             ));
+        };
+        let workdir = if takes_files {
+            match WorkdirListener::bind(&host_dir) {
+                Ok(listener) => Some(listener),
+                Err(e) => {
+                    return fail(backend_failure(
+                        "the working directory's socket could not be opened",
+                        e,
+                    ));
+                }
+            }
+        } else {
+            None
         };
         let server = match SocketServer::start(dir, gate, &limits) {
             Ok(server) => server,
@@ -264,6 +342,8 @@ mod unix {
             limits: &limits,
             host_dir: &host_dir,
             tag: &tag,
+            session: false,
+            work_bytes: takes_files.then(|| workdir::work_bytes(&job.files, &limits)),
         };
         let command = match sandbox.command(&run) {
             Ok(c) => c,
@@ -278,7 +358,21 @@ mod unix {
             Some(cg) => cgroup::wrap(cg.procs_files(), command.argv),
             None => command.argv,
         };
-        let stdin = guest_stdin(&guest_socket, server.token(), &job);
+        let guest_workdir = workdir.as_ref().map(|_| {
+            let path = sandbox.guest_dir(&host_dir).join(WORKDIR_SOCKET);
+            path.to_string_lossy().into_owned()
+        });
+        let stdin = guest_stdin(
+            &guest_socket,
+            guest_workdir.as_deref(),
+            server.token(),
+            &job,
+        );
+        // The working directory arrives while the sandbox runs, before the code does.
+        let scratch = workdir.map(|listener| {
+            let files = job.files.clone();
+            tokio::spawn(listener.receive(files, limits.clone()))
+        });
         let spec = SpawnSpec {
             argv,
             env: command.env,
@@ -292,6 +386,28 @@ mod unix {
                 Ok(f) => f,
                 Err(e) => return fail(backend_failure("the sandbox could not be started", e)),
             };
+        // The process tree is gone: nothing changes the directory any more.
+        // A guest that never handed its directory over never ran the code either (its
+        // bootstrap exits first, which the classifier reports): there are no files then.
+        let scratch = match scratch {
+            Some(task) => take_scratch(task)
+                .await
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "pycage: no working directory from the guest");
+                })
+                .ok(),
+            None => None,
+        };
+        let mut stderr = finished.stderr;
+        let produced = scratch.map_or_else(Vec::new, |scratch| {
+            let max_files = usize::try_from(limits.max_files()).unwrap_or(usize::MAX);
+            let (produced, overflow) =
+                scratch.produced_within(limits.max_returned_bytes(), max_files);
+            if overflow {
+                stderr.text.push_str(&workdir::overflow_notice(max_files));
+            }
+            produced
+        });
         let value = classify::classify(
             finished.outcome,
             finished.exit,
@@ -301,9 +417,21 @@ mod unix {
         );
         RunResult::builder(name, value)
             .stdout(finished.stdout)
-            .stderr(finished.stderr)
+            .stderr(stderr)
+            .files(produced)
             .duration(started.elapsed())
             .build()
+    }
+
+    /// The working directory the guest handed over. Its task has ended or never will: the
+    /// sandbox has, so an unfinished task is aborted.
+    async fn take_scratch(
+        task: tokio::task::JoinHandle<std::io::Result<Scratch>>,
+    ) -> std::io::Result<Scratch> {
+        if !task.is_finished() {
+            task.abort();
+        }
+        task.await.map_err(std::io::Error::other)?
     }
 
     /// What a sandboxed process tree left when it ended: the outcome its guest (or worker)

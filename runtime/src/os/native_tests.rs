@@ -17,7 +17,7 @@ fn the_guests_stdin_is_one_header_line_then_the_code() {
     };
     let token = Token::known("t0k");
     for socket in ["/run/pycage/broker.sock", r"\\.\pipe\pycage-0123abcd-42"] {
-        let stdin = guest_stdin(socket, &token, &job);
+        let stdin = guest_stdin(socket, None, &token, &job);
         let newline = stdin.iter().position(|&b| b == b'\n').unwrap();
         let header: Value = serde_json::from_slice(&stdin[..newline]).unwrap();
         assert_eq!(

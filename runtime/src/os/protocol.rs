@@ -19,6 +19,14 @@
 //! `namespace` is optional; `traceback` and `exception` may be `null` or absent. A layered
 //! worker adds a `report` to its outcome (see [`WorkerReport`]). Unknown fields are errors.
 //!
+//! A session's guest (one process serving run after run) also asks for its next run, and
+//! the host answers when there is one (see [`SessionJob`]); a one-shot run's server refuses
+//! the method as `bad-request`:
+//!
+//! ```json
+//! {"token": "…", "id": 3, "method": "next"}
+//! ```
+//!
 //! # Responses (host → guest)
 //!
 //! ```json
@@ -113,6 +121,11 @@ pub enum Request {
         /// How the run ended.
         outcome: Outcome,
     },
+    /// A session's guest asks for its next run (answered when the host has one).
+    Next {
+        /// The request id.
+        id: u64,
+    },
 }
 
 impl Request {
@@ -120,7 +133,7 @@ impl Request {
     pub fn id(&self) -> u64 {
         match self {
             Request::Call(call) => call.id,
-            Request::Result { id, .. } => *id,
+            Request::Result { id, .. } | Request::Next { id } => *id,
         }
     }
 }
@@ -177,6 +190,39 @@ pub struct WorkerReport {
     /// The files the guest produced (made and read back inside the worker's sandbox).
     #[serde(default)]
     pub files: Vec<crate::OutputFile>,
+}
+
+/// One run of a session, as the host answers a guest's `next` request: the JSON text of
+/// the response's `result_json`.
+///
+/// ```json
+/// {"code": "x += 1", "request_json": "{…, \"session\": true}", "max_args_bytes": 1048576,
+///  "marker": "…"}
+/// ```
+///
+/// `marker` is the run's end-of-output marker: after the run, the guest writes it to its
+/// stdout and its stderr, and the host takes what came before it as the run's output. (The
+/// code can read it too: it can only mislabel its own output, which the host caps either
+/// way.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionJob {
+    /// The Python source.
+    pub code: String,
+    /// The runner's request (variables, tools, value cap, `"session": true`).
+    pub request_json: String,
+    /// The run's cap on one call's arguments.
+    pub max_args_bytes: u64,
+    /// The run's end-of-output marker.
+    pub marker: String,
+}
+
+impl SessionJob {
+    /// The job as the text of a `next` response's `result_json`.
+    pub fn encode(&self) -> String {
+        // A struct of strings and an integer always serializes.
+        serde_json::to_string(self).unwrap_or_default()
+    }
 }
 
 /// A response to one request.
@@ -351,6 +397,7 @@ pub fn decode_request(body: &[u8], expected: &Token) -> Result<Request, Protocol
             };
             Request::Result { id, outcome }
         }
+        "next" => Request::Next { id },
         other => return Err(bad(format!("unknown method `{}`", printable(other)))),
     };
     reject_unknown(fields.keys()).map_err(bad)?;

@@ -354,3 +354,29 @@ fn fuzz_regressions_replay() {
     }
     assert!(replayed > 0, "no regression inputs in {}", dir.display());
 }
+
+#[test]
+fn a_next_request_decodes_and_refuses_extra_fields() {
+    let t = token();
+    let r = decode(&t, json!({"id": 4, "method": "next"})).unwrap();
+    assert_eq!(r, Request::Next { id: 4 });
+    assert_eq!(r.id(), 4);
+    assert_bad(
+        decode(&t, json!({"id": 4, "method": "next", "code": "x"})),
+        "unknown field `code`",
+    );
+    let e = decode_request(&body(&t, json!({"id": 4, "method": "next"})), &token()).unwrap_err();
+    assert_eq!(e.kind, WireErrorKind::Unauthorized);
+}
+
+#[test]
+fn a_session_job_round_trips_as_text() {
+    let job = SessionJob {
+        code: "x = \"\u{e9}\"\n".into(),
+        request_json: r#"{"session":true}"#.into(),
+        max_args_bytes: 1 << 20,
+        marker: "m".into(),
+    };
+    let text = job.encode();
+    assert_eq!(serde_json::from_str::<SessionJob>(&text).unwrap(), job);
+}

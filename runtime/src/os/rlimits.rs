@@ -18,6 +18,15 @@ pub const MAX_PROCESSES: u64 = 64;
 /// The most open files per process.
 pub const MAX_OPEN_FILES: u64 = 256;
 
+/// The CPU seconds each process of a session's guest may use over the session's whole life.
+///
+/// `RLIMIT_CPU` counts a process's CPU time from its start, so for a process serving many
+/// runs it cannot be one run's budget: each run's wall-clock deadline is enforced by the
+/// host (which kills the tree), and this is the backstop behind it, an hour of CPU per
+/// process (the default session lifetime of a
+/// [`SessionConfig`](crate::SessionConfig)).
+pub const SESSION_CPU_SECONDS: u64 = 3600;
+
 /// The limits applied to every process of a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rlimits {
@@ -55,6 +64,15 @@ impl Rlimits {
             file_size: scratch_bytes(limits),
             open_files: MAX_OPEN_FILES,
             core_bytes: 0,
+        }
+    }
+
+    /// The rlimits for a session's guest: as [`for_limits`](Self::for_limits) with the
+    /// session's limits, but [`SESSION_CPU_SECONDS`] of CPU time.
+    pub fn for_session(limits: &Limits, processes: Option<u64>) -> Rlimits {
+        Rlimits {
+            cpu_seconds: SESSION_CPU_SECONDS,
+            ..Self::for_limits(limits, processes)
         }
     }
 
@@ -146,6 +164,23 @@ mod tests {
                 "--",
                 "/usr/bin/python3"
             ]
+        );
+    }
+
+    #[test]
+    fn a_session_has_a_lifetime_cpu_budget_and_the_run_limits_otherwise() {
+        let limits = Limits::builder()
+            .wall_timeout(Duration::from_millis(1500))
+            .build()
+            .unwrap();
+        let session = Rlimits::for_session(&limits, Some(70));
+        assert_eq!(session.cpu_seconds, SESSION_CPU_SECONDS);
+        assert_eq!(
+            Rlimits {
+                cpu_seconds: 3,
+                ..session
+            },
+            Rlimits::for_limits(&limits, Some(70))
         );
     }
 

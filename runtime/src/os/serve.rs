@@ -14,14 +14,16 @@
 //!   connection that presents a wrong one;
 //! * forwards calls to the run's gate (the broker, where all policy lives), and refuses calls
 //!   once the guest's result has arrived;
+//! * for a session's guest, answers its `next` requests with the session's runs, one at a
+//!   time, as the host starts them (a one-shot run's guest has no next run);
 //! * never panics on peer input: malformed frames get `bad-request` responses, a peer that
 //!   breaks a frame loses its connection, and other connections carry on.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 
 use super::frame_io::{self, write_frame};
@@ -40,11 +42,26 @@ pub const MAX_IN_FLIGHT: usize = 16;
 pub(crate) struct Shared {
     gate: Arc<dyn ToolGate>,
     token: Token,
-    cap: u64,
+    cap: AtomicU64,
     /// Bytes of frames being read or served.
     budget: Arc<Semaphore>,
+    /// The permits `budget` was given in all (twice the largest cap so far).
+    budget_total: Mutex<usize>,
     outcome: Mutex<Option<Outcome>>,
     finished: AtomicBool,
+    /// Told when an outcome arrives (a session's host waits for it, the process lives on).
+    arrived: Notify,
+    /// A session's runs, for its guest's `next` requests; `None` for a one-shot run.
+    jobs: Option<tokio::sync::Mutex<mpsc::Receiver<String>>>,
+    /// Told when a guest asks for its next run (a session's guest is then ready).
+    asked: Notify,
+}
+
+/// How many permits a byte budget of twice `cap` is.
+fn budget_for(cap: u64) -> usize {
+    usize::try_from(cap.saturating_mul(2))
+        .unwrap_or(usize::MAX)
+        .min(Semaphore::MAX_PERMITS)
 }
 
 impl Shared {
@@ -55,18 +72,79 @@ impl Shared {
     ///
     /// When the token cannot be generated.
     pub(crate) fn new(gate: Arc<dyn ToolGate>, limits: &Limits) -> std::io::Result<Shared> {
+        Self::with_jobs(gate, limits, None)
+    }
+
+    /// A session's serving state: as [`Shared::new`], and its guest's `next` requests are
+    /// answered with the runs sent on the returned sender, in order.
+    ///
+    /// # Errors
+    ///
+    /// When the token cannot be generated.
+    // Only the Unix socket server keeps sessions.
+    #[cfg_attr(not(unix), allow(dead_code))]
+    pub(crate) fn for_session(
+        gate: Arc<dyn ToolGate>,
+        limits: &Limits,
+    ) -> std::io::Result<(Shared, mpsc::Sender<String>)> {
+        let (send, receive) = mpsc::channel(1);
+        let shared = Self::with_jobs(gate, limits, Some(tokio::sync::Mutex::new(receive)))?;
+        Ok((shared, send))
+    }
+
+    fn with_jobs(
+        gate: Arc<dyn ToolGate>,
+        limits: &Limits,
+        jobs: Option<tokio::sync::Mutex<mpsc::Receiver<String>>>,
+    ) -> std::io::Result<Shared> {
         let cap = protocol::max_frame_bytes(limits);
-        let budget = usize::try_from(cap.saturating_mul(2))
-            .unwrap_or(usize::MAX)
-            .min(Semaphore::MAX_PERMITS);
+        let budget = budget_for(cap);
         Ok(Shared {
             gate,
             token: Token::generate()?,
-            cap,
+            cap: AtomicU64::new(cap),
             budget: Arc::new(Semaphore::new(budget)),
+            budget_total: Mutex::new(budget),
             outcome: Mutex::new(None),
             finished: AtomicBool::new(false),
+            arrived: Notify::new(),
+            jobs,
+            asked: Notify::new(),
         })
+    }
+
+    /// Starts a session's next run: its frames capped at `cap` (the cap only grows, with the
+    /// byte budget), no outcome yet, calls accepted again.
+    #[cfg_attr(not(unix), allow(dead_code))]
+    pub(crate) fn begin_run(&self, cap: u64) {
+        let mut total = lock(&self.budget_total);
+        let wanted = budget_for(cap);
+        if wanted > *total {
+            self.budget.add_permits(wanted - *total);
+            *total = wanted;
+        }
+        self.cap.fetch_max(cap, Ordering::SeqCst);
+        drop(total);
+        *lock(&self.outcome) = None;
+        self.finished.store(false, Ordering::SeqCst);
+    }
+
+    /// Waits for the run's outcome (a session's host: its guest lives on after sending it).
+    #[cfg_attr(not(unix), allow(dead_code))]
+    pub(crate) async fn outcome(&self) -> Outcome {
+        loop {
+            if let Some(outcome) = self.take_outcome() {
+                return outcome;
+            }
+            // A permit left by an outcome already taken only costs one more look.
+            self.arrived.notified().await;
+        }
+    }
+
+    /// Waits until a guest asks for its next run.
+    #[cfg_attr(not(unix), allow(dead_code))]
+    pub(crate) async fn asked(&self) {
+        self.asked.notified().await;
     }
 
     /// The token a peer must present.
@@ -76,7 +154,7 @@ impl Shared {
 
     /// The largest frame accepted.
     pub(crate) fn cap(&self) -> u64 {
-        self.cap
+        self.cap.load(Ordering::SeqCst)
     }
 
     /// The guest's outcome, once its result frame has arrived.
@@ -121,7 +199,7 @@ where
         let Ok(header) = frame_io::read_header(&mut reader).await else {
             break; // closed between frames, or broken inside the prefix
         };
-        let len = match protocol::check_frame_len(header, shared.cap) {
+        let len = match protocol::check_frame_len(header, shared.cap()) {
             Ok(len) => len,
             Err(e) => {
                 // The body is never read: answer, then drop the connection (the stream has
@@ -163,6 +241,9 @@ where
                     }
                     first
                 };
+                if accepted {
+                    shared.arrived.notify_one();
+                }
                 let response = if accepted {
                     Response::Ok {
                         id,
@@ -178,6 +259,16 @@ where
                 if !respond(&writer, &response).await {
                     break;
                 }
+            }
+            Ok(Request::Next { id }) => {
+                drop(bytes);
+                let shared = shared.clone();
+                let writer = writer.clone();
+                calls.spawn(async move {
+                    let response = next_run(&shared, id).await;
+                    respond(&writer, &response).await;
+                    drop(call_slot);
+                });
             }
             Ok(Request::Call(call)) => {
                 let shared = shared.clone();
@@ -209,6 +300,27 @@ where
     }
     // Calls already started still answer (the peer may have stopped writing, not reading).
     while calls.join_next().await.is_some() {}
+}
+
+/// The answer to a `next` request: the session's next run when the host starts it.
+async fn next_run(shared: &Shared, id: u64) -> Response {
+    let refuse = |kind, message: &str| Response::Err {
+        id: Some(id),
+        kind,
+        message: message.into(),
+    };
+    let Some(jobs) = &shared.jobs else {
+        return refuse(
+            WireErrorKind::BadRequest,
+            "`next` is only for a session's guest",
+        );
+    };
+    shared.asked.notify_one();
+    // One waiter at a time; another waits its turn (and gets the run after).
+    match jobs.lock().await.recv().await {
+        Some(result_json) => Response::Ok { id, result_json },
+        None => refuse(WireErrorKind::Denied, "the session has ended"),
+    }
 }
 
 /// The wire kind of a broker error.

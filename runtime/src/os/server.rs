@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UnixListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::protocol::Outcome;
@@ -55,9 +55,26 @@ impl SocketServer {
         gate: Arc<dyn ToolGate>,
         limits: &Limits,
     ) -> std::io::Result<SocketServer> {
+        Self::serve(dir, Shared::new(gate, limits)?)
+    }
+
+    /// As [`start`](Self::start), for a session's guest: its `next` requests are answered
+    /// with the runs sent on the returned sender (see
+    /// [`SessionJob`](super::protocol::SessionJob)), and each run begins with
+    /// [`begin_run`](Self::begin_run). `gate` serves every run: the session switches it.
+    pub(crate) fn start_session(
+        dir: RunDir,
+        gate: Arc<dyn ToolGate>,
+        limits: &Limits,
+    ) -> std::io::Result<(SocketServer, mpsc::Sender<String>)> {
+        let (shared, jobs) = Shared::for_session(gate, limits)?;
+        Ok((Self::serve(dir, shared)?, jobs))
+    }
+
+    fn serve(dir: RunDir, shared: Shared) -> std::io::Result<SocketServer> {
         use std::os::unix::fs::PermissionsExt;
 
-        let shared = Arc::new(Shared::new(gate, limits)?);
+        let shared = Arc::new(shared);
         let path = dir.socket_path();
         let listener = std::os::unix::net::UnixListener::bind(&path)?;
         // The directory is 0700 already; the socket itself is owner-only too.
@@ -95,6 +112,22 @@ impl SocketServer {
     /// True once the guest's result frame has arrived: later calls are refused.
     pub fn finished(&self) -> bool {
         self.shared.finished()
+    }
+
+    /// Starts a session's next run: frames capped at `cap` (the cap only grows), no outcome
+    /// yet, calls accepted again.
+    pub(crate) fn begin_run(&self, cap: u64) {
+        self.shared.begin_run(cap);
+    }
+
+    /// Waits for the run's result frame (a session's guest lives on after sending it).
+    pub(crate) async fn outcome(&self) -> Outcome {
+        self.shared.outcome().await
+    }
+
+    /// Waits until the guest asks for its next run (a session's guest is then ready).
+    pub(crate) async fn asked(&self) {
+        self.shared.asked().await;
     }
 }
 

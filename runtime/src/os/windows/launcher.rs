@@ -302,7 +302,7 @@ pub(super) async fn run(job: Job, gate: Arc<dyn ToolGate>, interpreter: &Path) -
         Ok(server) => server,
         Err(e) => return fail(backend_failure("the broker's pipe could not be opened", e)),
     };
-    let stdin = guest_stdin(&settings.pipe_name, server.token(), &job);
+    let stdin = guest_stdin(&settings.pipe_name, None, server.token(), &job);
     drop(job);
     let (program, args) = match settings.command_line.split_first() {
         Some(split) => split,
