@@ -29,12 +29,14 @@
 pub mod backend;
 pub mod broker;
 pub mod capture;
+pub mod describe;
 pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 mod limits;
 pub mod os;
 pub mod policy;
+mod render;
 mod result;
 mod runner;
 mod session;
@@ -45,6 +47,7 @@ pub use backend::{
     UnavailableKind, backend_by_name,
 };
 pub use broker::{Broker, CallError, ToolGate};
+pub use describe::{DescribeError, Description, DescriptionBuilder, Persistence};
 pub use files::{InputFile, OutputFile};
 pub use limits::{Limits, LimitsBuilder, LimitsError, MAX_MEMORY_BYTES, MIN_MEMORY_BYTES};
 pub use os::{
@@ -52,6 +55,7 @@ pub use os::{
 };
 pub use policy::{ExposedTools, PolicyError, ToolPolicy};
 pub use pycage_tools;
+pub use render::MODEL_TEXT_BYTES;
 pub use result::{ErrorKind, RunError, RunResult, RunResultBuilder};
 pub use runner::{BuildError, RunRequest, Runner, RunnerBuilder};
 pub use session::{Session, SessionConfig, SessionId, SessionManager};

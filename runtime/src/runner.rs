@@ -38,6 +38,9 @@ struct RunnerInner {
     backend: Arc<dyn Backend>,
     exposed: ExposedTools,
     limits: Limits,
+    /// What the backend's guest environment is, probed once on first use (see
+    /// [`Runner::description`]).
+    environment: tokio::sync::OnceCell<Arc<crate::describe::Environment>>,
 }
 
 impl fmt::Debug for Runner {
@@ -69,6 +72,13 @@ impl Runner {
     /// The tools each run exposes.
     pub fn exposed_tools(&self) -> &ExposedTools {
         &self.inner.exposed
+    }
+
+    /// Where [`Runner::description`] keeps the probed environment.
+    pub(crate) fn environment_cell(
+        &self,
+    ) -> &tokio::sync::OnceCell<Arc<crate::describe::Environment>> {
+        &self.inner.environment
     }
 
     /// Runs `code` in a fresh sandbox with the runner's limits and no initial variables.
@@ -378,6 +388,7 @@ impl RunnerBuilder {
                 backend,
                 exposed,
                 limits: self.limits,
+                environment: tokio::sync::OnceCell::new(),
             }),
         })
     }

@@ -1,0 +1,213 @@
+//! The environment probe: what code run through a backend finds there, asked of the backend
+//! itself by running one fixed snippet (`probe.py`) through the runner.
+//!
+//! The answer is guest output, so it is untrusted like any run's value: every field is
+//! checked, module names are kept only when they are in the host's own lists, and anything
+//! else is [`DescribeError::Malformed`].
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+use super::DescribeError;
+use crate::{ErrorKind, InputFile, Limits, RunRequest, RunResult, Runner};
+
+/// The notable modules the probe tries to import: the text names those that fail (the rest
+/// of the standard library is described as a whole).
+pub const PROBED_MODULES: &[&str] = &[
+    "asyncio",
+    "collections",
+    "csv",
+    "ctypes",
+    "datetime",
+    "decimal",
+    "fractions",
+    "functools",
+    "hashlib",
+    "itertools",
+    "json",
+    "math",
+    "multiprocessing",
+    "random",
+    "re",
+    "socket",
+    "sqlite3",
+    "ssl",
+    "statistics",
+    "subprocess",
+    "threading",
+    "typing",
+    "urllib.request",
+    "zlib",
+    "zoneinfo",
+];
+
+/// The third-party packages the probe looks for (found, not imported: importing them costs
+/// seconds).
+pub const PROBED_PACKAGES: &[&str] = &[
+    "numpy",
+    "pandas",
+    "scipy",
+    "sympy",
+    "matplotlib",
+    "PIL",
+    "sklearn",
+    "requests",
+    "yaml",
+    "bs4",
+];
+
+const PROBE: &str = include_str!("probe.py");
+const INPUT_NAME: &str = "pycage-probe-input.txt";
+const OUTPUT_NAME: &str = "pycage-probe-output.txt";
+
+/// What code run through a backend finds, as the probe saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Environment {
+    /// The interpreter's version, `major.minor.micro` (`3.14.0`).
+    pub python_version: String,
+    /// The implementation (`cpython`).
+    pub implementation: String,
+    /// `sys.platform` (`wasi`, `linux`).
+    pub platform: String,
+    /// The modules of [`PROBED_MODULES`] that do not import.
+    pub unavailable_modules: Vec<String>,
+    /// The packages of [`PROBED_PACKAGES`] that are installed.
+    pub third_party: Vec<String>,
+    /// True when the code can start a subprocess.
+    pub subprocesses: bool,
+    /// True when the code can start a thread.
+    pub threads: bool,
+    /// True when the kernel has a route to the internet for the code (no packet is sent to
+    /// find out).
+    pub network: bool,
+    /// The code's working directory (`/work` when that is where `.` is).
+    pub working_directory: String,
+    /// True when input files reach the working directory.
+    pub input_files: bool,
+    /// True when the files the code writes come back in the result.
+    pub returns_files: bool,
+}
+
+/// What the probe snippet returns.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Answer {
+    python_version: String,
+    implementation: String,
+    platform: String,
+    unavailable_modules: Vec<String>,
+    third_party: Vec<String>,
+    subprocesses: bool,
+    threads: bool,
+    network: bool,
+    working_directory: String,
+    sees_input_file: bool,
+    writes_files: bool,
+}
+
+/// Runs the probe through `runner`'s backend, with default limits (the runner's own may be
+/// too tight for it). A backend that refuses input files is asked again without one.
+pub(crate) async fn probe(runner: &Runner) -> Result<Environment, DescribeError> {
+    let mut result = runner.run_request(request(true)).await;
+    let mut gave_input = true;
+    if result.error.as_ref().map(|e| e.kind) == Some(ErrorKind::InvalidInput) {
+        result = runner.run_request(request(false)).await;
+        gave_input = false;
+    }
+    read(result, gave_input)
+}
+
+fn request(with_input: bool) -> RunRequest {
+    let names = |list: &[&str]| Value::from(list.to_vec());
+    let mut vars = Map::new();
+    vars.insert("_probe_notable".into(), names(PROBED_MODULES));
+    vars.insert("_probe_third_party".into(), names(PROBED_PACKAGES));
+    vars.insert(
+        "_probe_input".into(),
+        json!(if with_input { INPUT_NAME } else { "" }),
+    );
+    vars.insert("_probe_output".into(), json!(OUTPUT_NAME));
+    let request = RunRequest::new(PROBE).vars(vars).limits(Limits::default());
+    if with_input {
+        request.file(InputFile::new(INPUT_NAME, b"probe".to_vec()))
+    } else {
+        request
+    }
+}
+
+/// The environment from the probe's result, every field checked.
+pub(crate) fn read(result: RunResult, gave_input: bool) -> Result<Environment, DescribeError> {
+    if let Some(error) = result.error {
+        return Err(DescribeError::Probe {
+            backend: result.backend,
+            error,
+        });
+    }
+    let answer: Answer = serde_json::from_value(result.value)
+        .map_err(|e| DescribeError::Malformed(format!("the probe's answer: {e}")))?;
+    let malformed = |field: &str| DescribeError::Malformed(format!("the probe's `{field}`"));
+    if !is_version(&answer.python_version) {
+        return Err(malformed("python_version"));
+    }
+    for (field, value) in [
+        ("implementation", &answer.implementation),
+        ("platform", &answer.platform),
+    ] {
+        if !is_word(value) {
+            return Err(malformed(field));
+        }
+    }
+    if !is_directory(&answer.working_directory) {
+        return Err(malformed("working_directory"));
+    }
+    let returns_files =
+        answer.writes_files && result.files.iter().any(|file| file.path == OUTPUT_NAME);
+    Ok(Environment {
+        python_version: answer.python_version,
+        implementation: answer.implementation,
+        platform: answer.platform,
+        unavailable_modules: known(PROBED_MODULES, &answer.unavailable_modules),
+        third_party: known(PROBED_PACKAGES, &answer.third_party),
+        subprocesses: answer.subprocesses,
+        threads: answer.threads,
+        network: answer.network,
+        working_directory: answer.working_directory,
+        input_files: gave_input && answer.sees_input_file,
+        returns_files,
+    })
+}
+
+/// The names of `list` that `found` holds, in `list`'s order: nothing the guest made up
+/// reaches a model's prompt.
+fn known(list: &[&str], found: &[String]) -> Vec<String> {
+    list.iter()
+        .filter(|name| found.iter().any(|f| f == *name))
+        .map(|name| (*name).to_owned())
+        .collect()
+}
+
+/// `3.14.0`: three numbers of at most four digits each.
+fn is_version(text: &str) -> bool {
+    let parts: Vec<&str> = text.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| (1..=4).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A short ASCII word (`cpython`, `wasi`, `linux`).
+fn is_word(text: &str) -> bool {
+    (1..=32).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// An absolute path (`/work`, `C:\work`) of printable characters, short enough for a prompt.
+fn is_directory(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let absolute = bytes.first() == Some(&b'/')
+        || (bytes.len() >= 3 && bytes[0].is_ascii_alphabetic() && &bytes[1..3] == b":\\");
+    absolute && text.len() <= 256 && !text.chars().any(char::is_control)
+}
