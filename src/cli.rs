@@ -17,6 +17,12 @@ pub struct Cli {
 pub enum Command {
     /// Run Python code in a fresh sandbox.
     Run(Box<RunArgs>),
+    /// Print what a model is told about a `run_python` tool with these flags: the text and
+    /// the input schema, generated from the sandbox itself.
+    Describe(Box<DescribeArgs>),
+    /// An interactive session on a terminal: state persists between entries, each run has the
+    /// limits the flags set.
+    Repl(Box<ReplArgs>),
     /// Measure pycage side by side with native baselines on this machine.
     Bench(BenchArgs),
     /// List every backend: whether it isolates, and whether it can run here (and why not).
@@ -85,6 +91,61 @@ pub struct RunArgs {
     #[arg(short = 'c', long = "code", value_name = "CODE")]
     pub code: Option<String>,
 
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+
+    /// An initial global variable, NAME=JSON (repeatable): --var base=21 --var name='"Ada"'.
+    #[arg(long = "var", value_name = "NAME=JSON")]
+    pub vars: Vec<String>,
+
+    /// An input file in the code's working directory (repeatable): NAME=PATH puts the host
+    /// file PATH at NAME; a bare PATH uses the file's own name.
+    #[arg(long = "file", value_name = "NAME=PATH")]
+    pub files: Vec<String>,
+
+    /// Write the files the code created or changed into DIR (created if missing).
+    #[arg(long = "out-dir", value_name = "DIR")]
+    pub out_dir: Option<PathBuf>,
+
+    /// With --out-dir, replace files that are already there.
+    #[arg(long, requires = "out_dir")]
+    pub force: bool,
+
+    /// With --json, include each produced file's bytes (base64); without it, paths and sizes.
+    #[arg(long = "json-files", requires = "json")]
+    pub json_files: bool,
+
+    /// Print the whole result as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplArgs {
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DescribeArgs {
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+
+    /// Describe calls that share a session (state and files persist) rather than one-shot
+    /// runs.
+    #[arg(long)]
+    pub session: bool,
+
+    /// Print the description as one JSON object: `name`, `description` (the text),
+    /// `input_schema`, and what they were made from.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The sandbox a command runs code in: tools, limits and backend. `run` and `describe` take
+/// the same flags, so a description is of the sandbox a run with those flags gets.
+#[derive(Debug, Args)]
+pub struct SandboxArgs {
     /// A TOML file declaring command tools (repeatable). Built-in tools are always registered.
     #[arg(long = "tools", value_name = "FILE")]
     pub tools: Vec<PathBuf>,
@@ -117,27 +178,6 @@ pub struct RunArgs {
     #[arg(long = "max-tool-calls", value_name = "N")]
     pub max_tool_calls: Option<u32>,
 
-    /// An initial global variable, NAME=JSON (repeatable): --var base=21 --var name='"Ada"'.
-    #[arg(long = "var", value_name = "NAME=JSON")]
-    pub vars: Vec<String>,
-
-    /// An input file in the code's working directory (repeatable): NAME=PATH puts the host
-    /// file PATH at NAME; a bare PATH uses the file's own name.
-    #[arg(long = "file", value_name = "NAME=PATH")]
-    pub files: Vec<String>,
-
-    /// Write the files the code created or changed into DIR (created if missing).
-    #[arg(long = "out-dir", value_name = "DIR")]
-    pub out_dir: Option<PathBuf>,
-
-    /// With --out-dir, replace files that are already there.
-    #[arg(long, requires = "out_dir")]
-    pub force: bool,
-
-    /// With --json, include each produced file's bytes (base64); without it, paths and sizes.
-    #[arg(long = "json-files", requires = "json")]
-    pub json_files: bool,
-
     /// The most bytes the code may write to its files [default: 32MiB].
     #[arg(long = "max-written", value_name = "SIZE", value_parser = parse_size)]
     pub max_written: Option<u64>,
@@ -155,10 +195,6 @@ pub struct RunArgs {
     /// user's files, network and processes.
     #[arg(long = "allow-no-isolation")]
     pub allow_no_isolation: bool,
-
-    /// Print the whole result as one JSON object on stdout.
-    #[arg(long)]
-    pub json: bool,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

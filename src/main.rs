@@ -3,9 +3,12 @@
 mod backends;
 mod bench;
 mod cli;
+mod describe;
 mod exit;
+mod repl;
 mod report;
 mod run;
+mod sandbox;
 #[cfg(unix)]
 mod worker;
 
@@ -31,9 +34,9 @@ fn main() -> ExitCode {
             };
         }
     };
-    // `run` and `worker` run one guest and exit; the others may run many at once.
+    // `run`, `describe` and `worker` run one guest and exit; the others may run many at once.
     let one_run = match &cli.command {
-        Command::Run(_) => true,
+        Command::Run(_) | Command::Describe(_) | Command::Repl(_) => true,
         #[cfg(unix)]
         Command::Worker(_) => true,
         Command::Bench(_) | Command::Backends(_) => false,
@@ -52,6 +55,8 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(*args).await.into(),
+            Command::Describe(args) => describe::describe(*args).await.into(),
+            Command::Repl(args) => repl::repl(*args).await.into(),
             Command::Bench(args) => bench::bench(args).await.into(),
             Command::Backends(args) => backends::list(args).into(),
             #[cfg(unix)]

@@ -1,19 +1,14 @@
 //! `pycage run`: resolve the arguments into a runner and a request, run, report.
 
-use pycage::{
-    Availability, BuildError, ErrorKind, InputFile, Limits, RunRequest, Runner, ToolPolicy,
-    WasmBackend,
-};
-use pycage_tools::ToolRegistry;
+use pycage::{ErrorKind, InputFile, Limits, RunRequest, Runner, WasmBackend};
 use pycage_tools::json::{self, JsonError};
 use serde_json::{Map, Value};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::backends;
 use crate::cli::RunArgs;
 use crate::exit::Exit;
-use crate::report;
+use crate::{report, sandbox};
 
 /// What a `run` needs, resolved from the arguments.
 struct RunSettings {
@@ -38,17 +33,9 @@ pub async fn run(args: RunArgs) -> Exit {
             return Exit::Usage;
         }
     };
-    if let Availability::Unavailable(why) = settings.runner.backend().availability() {
-        eprintln!(
-            "pycage: backend `{}` cannot run here: {why}",
-            settings.runner.backend().name()
-        );
+    if let Err(message) = sandbox::check_ready(&settings.runner, settings.wasm.as_ref()) {
+        eprintln!("pycage: {message}");
         return Exit::Internal;
-    }
-    if let Some(wasm) = &settings.wasm
-        && !wasm.is_cached()
-    {
-        eprintln!("pycage: compiling the sandbox (first run only; this takes a few seconds)...");
     }
     let request = RunRequest::new(settings.code)
         .vars(settings.vars)
@@ -78,45 +65,10 @@ fn resolve(args: RunArgs) -> Result<RunSettings, String> {
     let code = read_code(args.file.as_deref(), args.code)?;
     let vars = parse_vars(&args.vars)?;
 
-    let mut tools = ToolRegistry::with_builtins();
-    for path in &args.tools {
-        let loaded = pycage_tools::command::load_file(path).map_err(|e| e.to_string())?;
-        tools
-            .extend(loaded)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    let policy = ToolPolicy {
-        namespace: args.namespace,
-        allow: args.allow,
-    };
-
-    let defaults = Limits::default();
-    let limits = Limits::builder()
-        .wall_timeout(args.timeout.unwrap_or(defaults.wall_timeout()))
-        .memory_bytes(args.memory.unwrap_or(defaults.memory_bytes()))
-        .max_output_bytes(args.max_output.unwrap_or(defaults.max_output_bytes()))
-        .max_tool_calls(args.max_tool_calls.unwrap_or(defaults.max_tool_calls()))
-        .fuel(args.fuel)
-        .max_written_bytes(args.max_written.unwrap_or(defaults.max_written_bytes()))
-        .max_files(args.max_files.unwrap_or(defaults.max_files()))
-        .build()
-        .map_err(|e| e.to_string())?;
+    let (tools, policy) = sandbox::tools(&args.sandbox)?;
+    let limits = sandbox::limits(&args.sandbox)?;
     let files = read_files(&args.files, &limits)?;
-
-    let (backend, wasm) = backends::by_name(&args.backend)?;
-    let runner = Runner::builder()
-        .backend(backend)
-        .tools(tools)
-        .policy(policy)
-        .limits(limits.clone())
-        .allow_no_isolation(args.allow_no_isolation)
-        .build()
-        .map_err(|e| match e {
-            BuildError::NoIsolation(name) => format!(
-                "backend `{name}` provides no isolation: the code would run with your files, network and processes; pass --allow-no-isolation to accept that"
-            ),
-            other => other.to_string(),
-        })?;
+    let (runner, wasm) = sandbox::runner(&args.sandbox, tools, policy, limits.clone())?;
     Ok(RunSettings {
         code,
         runner,

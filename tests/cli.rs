@@ -513,3 +513,103 @@ fn files_go_in_with_file_and_come_out_with_out_dir() {
         stderr(&out)
     );
 }
+
+#[test]
+fn describe_shows_the_sandbox_the_flags_make() {
+    let out = pycage(&[
+        "describe",
+        "--namespace",
+        "math",
+        "--timeout",
+        "7s",
+        "--max-files",
+        "12",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "- Wall time: 7s",
+        "at most 12 files and directories",
+        "async def add(*, a: float | str, b: float | str)",
+        // Asked of the wasm guest, not written down: its CPython.
+        "- Python 3.14.",
+        "platform `wasi`",
+        "nothing persists from one call to the next",
+    ] {
+        assert!(
+            text.contains(expected),
+            "`{expected}` missing from:\n{text}"
+        );
+    }
+    let default = pycage(&["describe"]);
+    assert_eq!(code(&default), 0, "{}", stderr(&default));
+    let default = String::from_utf8_lossy(&default.stdout);
+    assert!(default.contains("- Wall time: 30s"), "{default}");
+    assert!(default.contains("No tools are exposed"), "{default}");
+
+    let json = json_result(&pycage(&[
+        "describe",
+        "--json",
+        "--timeout",
+        "7s",
+        "--session",
+    ]));
+    assert_eq!(json["name"], json!("run_python"));
+    assert_eq!(json["limits"]["wall_timeout"], json!("7s"));
+    assert_eq!(json["persistence"], json!("session"));
+    assert_eq!(json["environment"]["platform"], json!("wasi"));
+    assert_eq!(json["input_schema"]["required"], json!(["code"]));
+    let description = json["description"].as_str().unwrap();
+    assert!(description.contains("- Wall time: 7s"), "{description}");
+    assert!(description.contains("persist from one call to the next"));
+}
+
+#[test]
+fn describe_refuses_what_run_refuses() {
+    for (args, says) in [
+        (&["describe", "--timeout", "0s"][..], "wall_timeout"),
+        (&["describe", "--allow", "nope"][..], "nope"),
+        (&["describe", "-c", "pass"][..], "-c"),
+    ] {
+        let out = pycage(args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+        assert!(out.stdout.is_empty());
+    }
+}
+
+#[test]
+fn repl_keeps_state_echoes_expressions_and_starts_over_when_a_run_ends_the_session() {
+    let input = "x = 20\n\
+                 x * 2 + 2\n\
+                 def f(n):\n    return n + x\n\n\
+                 f(1)\n\
+                 1/0\n\
+                 x\n\
+                 while True: pass\n\
+                 x\n\
+                 exit\n\
+                 never = 'run'\n";
+    let out = pycage_with(&["repl", "--timeout", "1s"], Some(input.as_bytes()), &[]);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let values: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('[')).collect();
+    // 42 and 21 echoed, x still 20 after the failed entry; after the timeout a new session
+    // has no x, and nothing after `exit` ran.
+    assert_eq!(values[1..], ["42", "21", "20"], "{stdout}");
+    assert!(
+        stdout.contains("[the session ended; a new one starts"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("ZeroDivisionError"), "{stderr}");
+    assert!(
+        stderr.contains("timeout: the wall-clock limit was reached"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("[limits of each run: wall 1s"), "{stderr}");
+    assert!(
+        stderr.contains("NameError: name 'x' is not defined"),
+        "{stderr}"
+    );
+}

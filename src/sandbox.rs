@@ -1,0 +1,99 @@
+//! The sandbox flags `run` and `describe` share, resolved into tools, limits and a runner.
+
+use pycage::{BuildError, Limits, Runner, ToolPolicy, WasmBackend};
+use pycage_tools::ToolRegistry;
+
+use crate::backends;
+use crate::cli::SandboxArgs;
+use crate::exit::Exit;
+
+/// The built-in tools and those of every `--tools` file, and the policy over them.
+pub fn tools(args: &SandboxArgs) -> Result<(ToolRegistry, ToolPolicy), String> {
+    let mut tools = ToolRegistry::with_builtins();
+    for path in &args.tools {
+        let loaded = pycage_tools::command::load_file(path).map_err(|e| e.to_string())?;
+        tools
+            .extend(loaded)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let policy = ToolPolicy {
+        namespace: args.namespace.clone(),
+        allow: args.allow.clone(),
+    };
+    Ok((tools, policy))
+}
+
+/// The limits the flags set, the defaults for the rest.
+pub fn limits(args: &SandboxArgs) -> Result<Limits, String> {
+    let defaults = Limits::default();
+    Limits::builder()
+        .wall_timeout(args.timeout.unwrap_or(defaults.wall_timeout()))
+        .memory_bytes(args.memory.unwrap_or(defaults.memory_bytes()))
+        .max_output_bytes(args.max_output.unwrap_or(defaults.max_output_bytes()))
+        .max_tool_calls(args.max_tool_calls.unwrap_or(defaults.max_tool_calls()))
+        .fuel(args.fuel)
+        .max_written_bytes(args.max_written.unwrap_or(defaults.max_written_bytes()))
+        .max_files(args.max_files.unwrap_or(defaults.max_files()))
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// The runner on the `--backend`, and the wasm backend when it is that one (for the
+/// first-run notice).
+pub fn runner(
+    args: &SandboxArgs,
+    tools: ToolRegistry,
+    policy: ToolPolicy,
+    limits: Limits,
+) -> Result<(Runner, Option<WasmBackend>), String> {
+    let (backend, wasm) = backends::by_name(&args.backend)?;
+    let runner = Runner::builder()
+        .backend(backend)
+        .tools(tools)
+        .policy(policy)
+        .limits(limits)
+        .allow_no_isolation(args.allow_no_isolation)
+        .build()
+        .map_err(|e| match e {
+            BuildError::NoIsolation(name) => format!(
+                "backend `{name}` provides no isolation: the code would run with your files, network and processes; pass --allow-no-isolation to accept that"
+            ),
+            other => other.to_string(),
+        })?;
+    Ok((runner, wasm))
+}
+
+/// The runner the sandbox flags make, ready to run (the first-run notice printed): for
+/// `describe` and `repl`. `Err` is the exit, its reason already printed.
+pub fn ready_runner(args: &SandboxArgs) -> Result<Runner, Exit> {
+    let resolved = tools(args).and_then(|(tools, policy)| {
+        let limits = limits(args)?;
+        runner(args, tools, policy, limits)
+    });
+    let (runner, wasm) = resolved.map_err(|message| {
+        eprintln!("pycage: {message}");
+        Exit::Usage
+    })?;
+    check_ready(&runner, wasm.as_ref()).map_err(|message| {
+        eprintln!("pycage: {message}");
+        Exit::Internal
+    })?;
+    Ok(runner)
+}
+
+/// `Err` with the line to print when the runner's backend cannot run here; prints the
+/// first-run notice when the wasm guest is about to be compiled.
+pub fn check_ready(runner: &Runner, wasm: Option<&WasmBackend>) -> Result<(), String> {
+    if let pycage::Availability::Unavailable(why) = runner.backend().availability() {
+        return Err(format!(
+            "backend `{}` cannot run here: {why}",
+            runner.backend().name()
+        ));
+    }
+    if let Some(wasm) = wasm
+        && !wasm.is_cached()
+    {
+        eprintln!("pycage: compiling the sandbox (first run only; this takes a few seconds)...");
+    }
+    Ok(())
+}
