@@ -89,6 +89,52 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
             target: (case == "compute_sum_squares").then_some("<= 2x native"),
         });
     }
+    if wanted("session_run") {
+        // A run in a live session, against a fresh sandbox's `pass` on the same engine,
+        // interleaved so both see the same machine.
+        let session = fresh.session().await.map_err(|e| e.to_string())?;
+        check(session.run("x = 0").await)?;
+        let (mut live, mut one_shot) = (Vec::new(), Vec::new());
+        for _ in 0..s.iterations.min(20) {
+            check(session.run("x += 1").await)?; // warm-up
+        }
+        for _ in 0..s.iterations {
+            idle(s).await;
+            let t = Instant::now();
+            check(session.run("x += 1").await)?;
+            live.push(us(t.elapsed()));
+            let t = Instant::now();
+            check(fresh.run("pass").await)?;
+            one_shot.push(us(t.elapsed()));
+        }
+        rows.push(Row {
+            case: "session_run_x_plus_1",
+            unit: "us",
+            pycage: Figure::Latency(Summary::of(live)),
+            baseline: Some(Baseline {
+                name: "a fresh sandbox, `pass` (interleaved)".into(),
+                figure: Figure::Latency(Summary::of(one_shot)),
+            }),
+            target: Some("p50 <= 0.1 ms"),
+        });
+    }
+    if wanted("per_idle_session") {
+        let (rss, pss) = memory_per_session(&fresh, 100).await?;
+        rows.push(Row {
+            case: "rss_per_idle_session_100",
+            unit: "bytes",
+            pycage: Figure::Value(rss),
+            baseline: None,
+            target: None,
+        });
+        rows.push(Row {
+            case: "pss_per_idle_session_100",
+            unit: "bytes",
+            pycage: Figure::Value(pss),
+            baseline: None,
+            target: None,
+        });
+    }
     if wanted("files_10mib") {
         // 10 MiB in as an input file, read and written back as a produced file, interleaved
         // with an empty run so both see the same machine: the difference is what files cost.
@@ -443,6 +489,29 @@ async fn memory_per_sandbox(r: &Runner, n: usize) -> Result<(f64, f64), String> 
     for t in tasks {
         check(t.await.map_err(|e| e.to_string())?)?;
     }
+    let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / n as f64;
+    Ok((per(before.0, during.0), per(before.1, during.1)))
+}
+
+/// Resident and proportional memory per idle session: `n` sessions opened, each having run
+/// a small program that leaves state behind (a list, a dict, an import), then all idle.
+async fn memory_per_session(r: &Runner, n: usize) -> Result<(f64, f64), String> {
+    check(r.run("pass").await)?;
+    let before = memory_bytes()?;
+    let mut sessions = Vec::with_capacity(n);
+    for i in 0..n {
+        let session = r.session().await.map_err(|e| e.to_string())?;
+        check(
+            session
+                .run(&format!(
+                    "import json\nrows = [{{'id': j, 'n': {i}}} for j in range(1000)]\ntext = json.dumps(rows)"
+                ))
+                .await,
+        )?;
+        sessions.push(session);
+    }
+    let during = memory_bytes()?;
+    drop(sessions);
     let per = |a: u64, b: u64| b.saturating_sub(a) as f64 / n as f64;
     Ok((per(before.0, during.0), per(before.1, during.1)))
 }
