@@ -48,6 +48,9 @@ pub enum Persistence {
     OneShot,
     /// The calls share one session: globals, imports and files persist until it ends.
     Session,
+    /// A call runs fresh unless it names a session (a server's `create_session` makes
+    /// one, and a call passing its `session_id` runs in it).
+    OnRequest,
 }
 
 /// Why a [`Description`] could not be made.

@@ -410,6 +410,21 @@ async fn one_shot_and_session_descriptions_say_what_persists() {
 }
 
 #[tokio::test]
+async fn an_on_request_description_says_how_to_keep_state() {
+    let runner = runner(Limits::default());
+    let d = runner
+        .description()
+        .persistence(Persistence::OnRequest)
+        .await
+        .unwrap();
+    let text = d.text();
+    assert!(text.contains("A call without a `session_id` starts a fresh interpreter"));
+    assert!(text.contains("call `create_session` and pass the `session_id`"));
+    assert!(text.contains("Memory: 256MiB, in a session for the whole session."));
+    assert_eq!(serde_json::to_value(&d).unwrap()["persistence"], json!("on_request"));
+}
+
+#[tokio::test]
 async fn a_probe_answer_that_is_not_the_probes_is_refused() {
     for (field, value, named) in [
         (

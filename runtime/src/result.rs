@@ -209,6 +209,9 @@ pub enum ErrorKind {
     SessionNotFound,
     /// The most sessions allowed are live; close one or wait for one to expire.
     TooManySessions,
+    /// A server is running as many runs as it allows, and none finished within its queue
+    /// timeout; nothing ran. Try again later.
+    Busy,
 }
 
 impl ErrorKind {
@@ -231,6 +234,7 @@ impl ErrorKind {
             ErrorKind::SessionBusy => "session_busy",
             ErrorKind::SessionNotFound => "session_not_found",
             ErrorKind::TooManySessions => "too_many_sessions",
+            ErrorKind::Busy => "busy",
         }
     }
 }

@@ -328,6 +328,16 @@ impl SessionManager {
     /// `too_many_sessions` when [`SessionConfig::max_sessions`] are live (expired ones are
     /// swept first); otherwise as for [`Runner::session`].
     pub async fn create(&self) -> Result<SessionId, RunError> {
+        self.create_with(self.runner.limits().clone()).await
+    }
+
+    /// Opens a session whose memory limit and file budgets are `limits`' (see
+    /// [`Runner::session_with`]).
+    ///
+    /// # Errors
+    ///
+    /// As for [`create`](Self::create).
+    pub async fn create_with(&self, limits: Limits) -> Result<SessionId, RunError> {
         {
             let mut table = self.table();
             self.sweep_locked(&mut table);
@@ -344,7 +354,7 @@ impl SessionManager {
             table.opening += 1;
         }
         let opened = match SessionId::random() {
-            Ok(id) => self.runner.session().await.map(|s| (id, s)),
+            Ok(id) => self.runner.session_with(limits).await.map(|s| (id, s)),
             Err(e) => Err(e),
         };
         let mut table = self.table();

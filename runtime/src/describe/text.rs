@@ -141,6 +141,19 @@ fn files(out: &mut String, facts: &Facts<'_>) {
                  `session_ended` (start again, passing what the code needs)."
             );
         }
+        Persistence::OnRequest => {
+            let _ = writeln!(
+                out,
+                "- A call without a `session_id` starts a fresh interpreter: nothing persists \
+                 from it. To keep state, call `create_session` and pass the `session_id` it \
+                 returns: the calls that pass it share one session, where global variables, \
+                 functions, imports and the files in the working directory persist until the \
+                 session ends, expires or is closed (`close_session`). {inputs} add to what is \
+                 there. An exception, a `MemoryError` or a refused tool call leaves the \
+                 session as it was; a call stopped by its wall time or fuel ends the session, \
+                 and later calls with its id say `session_ended`."
+            );
+        }
     }
 }
 
@@ -215,10 +228,10 @@ fn limits(out: &mut String, facts: &Facts<'_>) {
         "- Wall time: {} (time waiting for tools included); past it the run is stopped.",
         format_duration(l.wall_timeout())
     );
-    let whole = if facts.persistence == Persistence::Session {
-        ", for the whole session (what earlier calls keep counts)"
-    } else {
-        ""
+    let whole = match facts.persistence {
+        Persistence::OneShot => "",
+        Persistence::Session => ", for the whole session (what earlier calls keep counts)",
+        Persistence::OnRequest => ", in a session for the whole session",
     };
     let _ = writeln!(out, "- Memory: {}{whole}.", format_size(l.memory_bytes()));
     if let Some(fuel) = l.fuel() {
@@ -255,6 +268,7 @@ fn limits(out: &mut String, facts: &Facts<'_>) {
         let over = match facts.persistence {
             Persistence::OneShot => "in all",
             Persistence::Session => "over the whole session",
+            Persistence::OnRequest => "in all (in a session, over its whole life)",
         };
         let _ = writeln!(
             out,

@@ -180,7 +180,8 @@ fn failure_error(failure: RunError, reporter: Reporter) -> RunError {
             | ErrorKind::SessionEnded
             | ErrorKind::SessionBusy
             | ErrorKind::SessionNotFound
-            | ErrorKind::TooManySessions => {
+            | ErrorKind::TooManySessions
+            | ErrorKind::Busy => {
                 return RunError::new(
                     ErrorKind::GuestException,
                     "the guest reported a failure it cannot know about",

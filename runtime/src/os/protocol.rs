@@ -516,6 +516,7 @@ pub fn kind_to_wire(kind: ErrorKind) -> &'static str {
         ErrorKind::SessionBusy => "session-busy",
         ErrorKind::SessionNotFound => "session-not-found",
         ErrorKind::TooManySessions => "too-many-sessions",
+        ErrorKind::Busy => "busy",
     }
 }
 
