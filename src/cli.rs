@@ -23,6 +23,9 @@ pub enum Command {
     /// An interactive session on a terminal: state persists between entries, each run has the
     /// limits the flags set.
     Repl(Box<ReplArgs>),
+    /// Serve the `run_python` tool over the Model Context Protocol on stdin and stdout (for
+    /// an MCP client's configuration); logs go to stderr.
+    Mcp(Box<McpArgs>),
     /// Measure pycage side by side with native baselines on this machine.
     Bench(BenchArgs),
     /// List every backend: whether it isolates, and whether it can run here (and why not).
@@ -121,6 +124,26 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct McpArgs {
+    /// A server config TOML: backend, tools, policy, limits, the maxima a call may ask for,
+    /// sessions and runs (see the README). The flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+
+    /// The most runs at once; a call beyond them waits up to --queue-timeout, then fails as
+    /// `busy` [default: 4].
+    #[arg(long = "max-concurrent", value_name = "N")]
+    pub max_concurrent: Option<usize>,
+
+    /// How long a call waits for a free run slot, with a unit [default: 5s].
+    #[arg(long = "queue-timeout", value_name = "DURATION", value_parser = parse_duration)]
+    pub queue_timeout: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
 pub struct ReplArgs {
     #[command(flatten)]
     pub sandbox: SandboxArgs,
@@ -187,9 +210,9 @@ pub struct SandboxArgs {
     pub max_files: Option<u32>,
 
     /// The sandbox backend: wasm, bubblewrap, docker, seatbelt, windows, local,
-    /// wasm+bubblewrap (`pycage backends` shows which can run here).
-    #[arg(long, value_name = "NAME", default_value = "wasm")]
-    pub backend: String,
+    /// wasm+bubblewrap (`pycage backends` shows which can run here) [default: wasm].
+    #[arg(long, value_name = "NAME")]
+    pub backend: Option<String>,
 
     /// Accept a backend without an isolation boundary (`local`): the code runs with your
     /// user's files, network and processes.

@@ -5,6 +5,7 @@ mod bench;
 mod cli;
 mod describe;
 mod exit;
+mod mcp;
 mod repl;
 mod report;
 mod run;
@@ -39,7 +40,7 @@ fn main() -> ExitCode {
         Command::Run(_) | Command::Describe(_) | Command::Repl(_) => true,
         #[cfg(unix)]
         Command::Worker(_) => true,
-        Command::Bench(_) | Command::Backends(_) => false,
+        Command::Mcp(_) | Command::Bench(_) | Command::Backends(_) => false,
     };
     if one_run {
         one_malloc_arena();
@@ -57,6 +58,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(*args).await.into(),
             Command::Describe(args) => describe::describe(*args).await.into(),
             Command::Repl(args) => repl::repl(*args).await.into(),
+            Command::Mcp(args) => mcp::mcp(*args).await.into(),
             Command::Bench(args) => bench::bench(args).await.into(),
             Command::Backends(args) => backends::list(args).into(),
             #[cfg(unix)]

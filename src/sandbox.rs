@@ -46,7 +46,7 @@ pub fn runner(
     policy: ToolPolicy,
     limits: Limits,
 ) -> Result<(Runner, Option<WasmBackend>), String> {
-    let (backend, wasm) = backends::by_name(&args.backend)?;
+    let (backend, wasm) = backends::by_name(args.backend.as_deref().unwrap_or("wasm"))?;
     let runner = Runner::builder()
         .backend(backend)
         .tools(tools)

@@ -1,0 +1,241 @@
+//! The servers' one configuration: backend, tools, policy, limits, the maxima a client may
+//! ask for, sessions and the bound on concurrent runs, read from one TOML file.
+//!
+//! ```toml
+//! backend = "wasm"
+//! tools = ["examples/tools.toml"]
+//!
+//! [policy]
+//! allow = ["add", "word_count"]
+//!
+//! [limits]            # each call's, unless it asks for less (or, up to [maxima], more)
+//! wall_timeout = "10s"
+//! memory_bytes = 268435456
+//!
+//! [maxima]            # the most a call or a session may ask for (default: [limits])
+//! wall_timeout = "60s"
+//!
+//! [sessions]
+//! max_sessions = 16
+//! idle_timeout = 600
+//!
+//! [runs]
+//! max_concurrent = 4
+//! queue_timeout = "5s"
+//! ```
+//!
+//! Every table and key is optional; an unknown key is an error naming it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pycage::{Limits, LimitsBuilder, SessionConfig};
+use serde::{Deserialize, Serialize};
+
+/// Everything a server is configured with (see the [module docs](self)).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// The backend's name, as `pycage backends` lists them (default `wasm`).
+    pub backend: String,
+    /// Accept a backend that provides no isolation (`local`). Off by default.
+    pub allow_no_isolation: bool,
+    /// Tools TOML files whose command tools join the built-ins. Relative paths are resolved
+    /// against the directory of the config file they were read from.
+    pub tools: Vec<PathBuf>,
+    /// Which tools the code may call.
+    pub policy: PolicyConfig,
+    /// Each call's limits, unless the call asks for others within [`maxima`](Self::maxima).
+    pub limits: LimitsBuilder,
+    /// The most a call or a session may ask for; `None`: the [`limits`](Self::limits), so a
+    /// call can only ask for less.
+    pub maxima: Option<LimitsBuilder>,
+    /// Sessions: how many may be live, and when they expire.
+    pub sessions: SessionConfig,
+    /// The bound on runs at once.
+    pub runs: RunsConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            backend: "wasm".into(),
+            allow_no_isolation: false,
+            tools: Vec::new(),
+            policy: PolicyConfig::default(),
+            limits: LimitsBuilder::default(),
+            maxima: None,
+            sessions: SessionConfig::default(),
+            runs: RunsConfig::default(),
+        }
+    }
+}
+
+/// Which tools the code may call: deny by default.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Tools must be in this namespace.
+    pub namespace: Option<String>,
+    /// The tools the code may call, by name or `namespace.name`.
+    pub allow: Vec<String>,
+}
+
+/// How many runs may go at once, and how long a call waits for a slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunsConfig {
+    /// The most runs at once, sessions' included (default 4).
+    pub max_concurrent: usize,
+    /// How long a call waits for a free slot before it fails as busy (default 5 s).
+    #[serde(with = "duration_text")]
+    pub queue_timeout: Duration,
+    /// How often a long run reports progress (default 1 s).
+    #[serde(with = "duration_text")]
+    pub progress_interval: Duration,
+}
+
+impl Default for RunsConfig {
+    fn default() -> Self {
+        RunsConfig {
+            max_concurrent: 4,
+            queue_timeout: Duration::from_secs(5),
+            progress_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The file is not valid TOML for a [`ServerConfig`] (an unknown key, a wrong type); the
+    /// message names the key and its line.
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        reason: String,
+    },
+    /// A value is out of range (the message names it).
+    Invalid(String),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Read { path, reason } => {
+                write!(f, "cannot read {}: {reason}", path.display())
+            }
+            ConfigError::Parse { path, reason } => {
+                write!(f, "{}: {}", path.display(), reason.trim_end())
+            }
+            ConfigError::Invalid(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl ServerConfig {
+    /// Reads `path`; relative tool paths in it are resolved against its directory.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Read`] or [`ConfigError::Parse`]; values are checked by
+    /// [`validate`](Self::validate), not here.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        let mut config = Self::from_toml(&text).map_err(|reason| ConfigError::Parse {
+            path: path.to_owned(),
+            reason,
+        })?;
+        let base = path.parent().unwrap_or(Path::new(""));
+        for tool in &mut config.tools {
+            if tool.is_relative() {
+                *tool = base.join(&*tool);
+            }
+        }
+        Ok(config)
+    }
+
+    /// Parses TOML text; `Err` is the parser's message (naming an unknown key and its line).
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// The limits and maxima, checked: each valid, and the limits within the maxima.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] naming the table and the field.
+    pub fn resolved_limits(&self) -> Result<(Limits, Limits), ConfigError> {
+        let limits = self
+            .limits
+            .clone()
+            .build()
+            .map_err(|e| ConfigError::Invalid(format!("[limits]: {e}")))?;
+        let maxima = match &self.maxima {
+            None => limits.clone(),
+            Some(m) => m
+                .clone()
+                .build()
+                .map_err(|e| ConfigError::Invalid(format!("[maxima]: {e}")))?,
+        };
+        if let Some(field) = crate::clamp::first_above(&limits, &maxima) {
+            return Err(ConfigError::Invalid(format!(
+                "[limits] {field} is above [maxima] {field}"
+            )));
+        }
+        Ok((limits, maxima))
+    }
+
+    /// Checks every value (see [`resolved_limits`](Self::resolved_limits)).
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] naming what is wrong.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.resolved_limits()?;
+        self.sessions
+            .validate()
+            .map_err(|e| ConfigError::Invalid(format!("[sessions]: {}", e.message)))?;
+        if self.runs.max_concurrent == 0 {
+            return Err(ConfigError::Invalid(
+                "[runs] max_concurrent must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Durations as the limits write them (`"500ms"`, `"10s"`, `"2m"`).
+mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&pycage_tools::units::format_duration(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        pycage_tools::units::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

@@ -1,0 +1,114 @@
+use super::*;
+
+#[test]
+fn an_empty_file_is_the_defaults() {
+    let config = ServerConfig::from_toml("").unwrap();
+    assert_eq!(config, ServerConfig::default());
+    assert_eq!(config.backend, "wasm");
+    assert_eq!(config.runs.max_concurrent, 4);
+    config.validate().unwrap();
+}
+
+#[test]
+fn every_table_reads() {
+    let config = ServerConfig::from_toml(
+        r#"
+        backend = "bubblewrap"
+        tools = ["tools.toml"]
+        [policy]
+        namespace = "math"
+        allow = ["add"]
+        [limits]
+        wall_timeout = "10s"
+        memory_bytes = 134217728
+        [maxima]
+        wall_timeout = "1m"
+        [sessions]
+        max_sessions = 3
+        idle_timeout = 60
+        [runs]
+        max_concurrent = 2
+        queue_timeout = "250ms"
+        progress_interval = "2s"
+        "#,
+    )
+    .unwrap();
+    assert_eq!(config.backend, "bubblewrap");
+    assert_eq!(config.policy.allow, ["add"]);
+    assert_eq!(config.sessions.max_sessions, 3);
+    assert_eq!(config.runs.queue_timeout, Duration::from_millis(250));
+    let (limits, maxima) = config.resolved_limits().unwrap();
+    assert_eq!(limits.wall_timeout(), Duration::from_secs(10));
+    assert_eq!(limits.memory_bytes(), 128 << 20);
+    assert_eq!(maxima.wall_timeout(), Duration::from_secs(60));
+}
+
+#[test]
+fn an_unknown_key_is_an_error_naming_it() {
+    for (text, key) in [
+        ("bakend = \"wasm\"", "bakend"),
+        ("[limits]\nwall_timout = \"1s\"", "wall_timout"),
+        ("[runs]\nmax_concurent = 1", "max_concurent"),
+        ("[sessions]\nmax_session = 1", "max_session"),
+        ("[polcy]\nallow = []", "polcy"),
+    ] {
+        let e = ServerConfig::from_toml(text).unwrap_err();
+        assert!(e.contains(&format!("unknown field `{key}`")), "{text}: {e}");
+    }
+}
+
+#[test]
+fn limits_above_the_maxima_are_refused() {
+    let config =
+        ServerConfig::from_toml("[limits]\nwall_timeout = \"2m\"\n[maxima]\nwall_timeout = \"1m\"")
+            .unwrap();
+    assert_eq!(
+        config.validate().unwrap_err(),
+        ConfigError::Invalid("[limits] wall_timeout is above [maxima] wall_timeout".into())
+    );
+}
+
+#[test]
+fn bad_values_are_refused_naming_the_table() {
+    let zero = ServerConfig::from_toml("[runs]\nmax_concurrent = 0").unwrap();
+    assert!(
+        zero.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("[runs] max_concurrent")
+    );
+    let memory = ServerConfig::from_toml("[limits]\nmemory_bytes = 1").unwrap();
+    assert!(
+        memory
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("[limits]")
+    );
+    let sessions = ServerConfig::from_toml("[sessions]\nmax_sessions = 0").unwrap();
+    assert!(
+        sessions
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("[sessions]")
+    );
+}
+
+#[test]
+fn relative_tool_paths_follow_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pycage.toml");
+    std::fs::write(&path, "tools = [\"tools.toml\", \"/abs/t.toml\"]").unwrap();
+    let config = ServerConfig::from_file(&path).unwrap();
+    assert_eq!(
+        config.tools,
+        [dir.path().join("tools.toml"), "/abs/t.toml".into()]
+    );
+    let missing = ServerConfig::from_file(&dir.path().join("none.toml")).unwrap_err();
+    assert!(matches!(missing, ConfigError::Read { .. }));
+    std::fs::write(&path, "tools = 3").unwrap();
+    let e = ServerConfig::from_file(&path).unwrap_err();
+    assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+    assert!(e.to_string().starts_with(&path.display().to_string()));
+}

@@ -1,0 +1,17 @@
+//! pycage's servers: the `run_python` tool over MCP, for a Rust host to mount in its own
+//! process or for the `pycage mcp` command.
+//!
+//! [`PythonTool`] is the tool apart from any transport (input parsing, limits within the
+//! configured maxima, sessions, the bound on concurrent runs, progress); [`mcp`] maps it onto
+//! the Model Context Protocol with the official SDK, `rmcp`. Both are made from one
+//! [`ServerConfig`].
+
+pub mod clamp;
+pub mod config;
+pub mod mcp;
+pub mod python;
+mod sandbox;
+pub mod schema;
+
+pub use config::{ConfigError, PolicyConfig, RunsConfig, ServerConfig};
+pub use python::{Progress, PythonTool, StartError, ToolOutput};

@@ -1,0 +1,222 @@
+//! The `run_python` tool over the Model Context Protocol, on the official SDK (`rmcp`).
+//!
+//! [`McpServer`] is an `rmcp` [`ServerHandler`]: it lists `run_python` (and, where the
+//! backend keeps sessions, `create_session` and `close_session`) with the descriptions and
+//! schemas [`PythonTool`] generates, and maps each call onto it. A guest's failure, a limit,
+//! bad input or a busy server is a tool result with `isError: true`, never a protocol error.
+//! A long run sends `notifications/progress` when the client gave a progress token; a
+//! client's `notifications/cancelled` stops the run at once and frees its slot.
+//!
+//! ```no_run
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! let tool = pycage_server::PythonTool::start(&pycage_server::ServerConfig::default()).await?;
+//! pycage_server::mcp::serve_stdio(std::sync::Arc::new(tool)).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use pycage::OutputFile;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ResourceContents, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use serde_json::Value;
+
+use crate::python::{CLOSE_SESSION, CREATE_SESSION, Progress, PythonTool, RUN_PYTHON, ToolOutput};
+use crate::schema;
+
+/// The URI scheme of a produced file's embedded resource: `pycage-file:///out/data.csv`.
+pub const FILE_URI_PREFIX: &str = "pycage-file:///";
+
+/// What a file's path escapes in its URI: everything but RFC 3986's unreserved characters
+/// and `/`.
+const PATH_ESCAPES: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
+/// `run_python` and its session tools as an MCP server (see the [module docs](self)).
+#[derive(Debug, Clone)]
+pub struct McpServer {
+    tool: Arc<PythonTool>,
+    tools: Arc<Vec<Tool>>,
+}
+
+impl McpServer {
+    /// The server over `tool`.
+    pub fn new(tool: Arc<PythonTool>) -> Self {
+        let mut tools = vec![
+            Tool::new(
+                RUN_PYTHON,
+                tool.text().to_owned(),
+                object(tool.input_schema().clone()),
+            )
+            .with_title("Run Python in a sandbox")
+            .with_raw_output_schema(object(tool.output_schema().clone()))
+            .with_annotations(
+                ToolAnnotations::new()
+                    .read_only(false)
+                    .destructive(false)
+                    .open_world(false),
+            ),
+        ];
+        if tool.sessions().is_some() {
+            tools.push(Tool::new(
+                CREATE_SESSION,
+                "Starts a Python session for `run_python`: the calls that pass its \
+                 `session_id` share global variables, imports and files. `limits` (optional) \
+                 sets the session's own limits, within the server's maxima. Returns the id.",
+                object(tool.create_session_schema()),
+            ));
+            tools.push(Tool::new(
+                CLOSE_SESSION,
+                "Destroys a session made by `create_session`: its interpreter, variables and \
+                 files.",
+                object(schema::close_session_input()),
+            ));
+        }
+        McpServer {
+            tool,
+            tools: Arc::new(tools),
+        }
+    }
+
+    /// The tool the server maps.
+    pub fn tool(&self) -> &Arc<PythonTool> {
+        &self.tool
+    }
+
+    async fn run_python(&self, input: Value, context: &RequestContext<RoleServer>) -> ToolOutput {
+        let token = context.meta.get_progress_token();
+        let peer = context.peer.clone();
+        let on_progress = |p: Progress| {
+            let (token, peer) = (token.clone(), peer.clone());
+            async move {
+                let Some(token) = token else { return };
+                let seconds = p.elapsed.as_secs_f64();
+                let param = ProgressNotificationParam::new(token, seconds)
+                    .with_message(format!("running for {seconds:.1} s"));
+                // A client that has gone cannot be told; the run goes on until it is
+                // cancelled or ends.
+                if let Err(e) = peer.notify_progress(param).await {
+                    tracing::debug!("a progress notification was not sent: {e}");
+                }
+            }
+        };
+        self.tool.run(&input, on_progress).await
+    }
+}
+
+impl ServerHandler for McpServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("pycage", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "pycage runs Python code in a sandbox: call `run_python`; its description \
+                 says what the code can do and every limit.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools.as_ref().clone()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.iter().find(|t| t.name == name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let input = Value::Object(request.arguments.unwrap_or_default());
+        let call = async {
+            match request.name.as_ref() {
+                RUN_PYTHON => Ok(self.run_python(input, &context).await),
+                CREATE_SESSION if self.tool.sessions().is_some() => {
+                    Ok(self.tool.create_session(&input).await)
+                }
+                CLOSE_SESSION if self.tool.sessions().is_some() => {
+                    Ok(self.tool.close_session(&input))
+                }
+                other => Err(ErrorData::invalid_params(
+                    format!("no tool `{}`", other.escape_debug()),
+                    None,
+                )),
+            }
+        };
+        tokio::select! {
+            output = call => output.map(|o| result(o).into()),
+            // rmcp sends nothing for a cancelled request; dropping `call` stops the run and
+            // frees its slot.
+            () = context.ct.cancelled() => Err(ErrorData::internal_error("cancelled", None)),
+        }
+    }
+}
+
+/// Serves `tool` over MCP on this process's stdin and stdout until the client closes stdin.
+/// Logs must go to stderr: stdout carries protocol messages only.
+///
+/// # Errors
+///
+/// When the client's `initialize` fails or the transport breaks.
+pub async fn serve_stdio(tool: Arc<PythonTool>) -> Result<(), Box<dyn std::error::Error>> {
+    let running = McpServer::new(tool).serve(rmcp::transport::stdio()).await?;
+    running.waiting().await?;
+    Ok(())
+}
+
+/// The MCP result for one call: the text, each produced file as an embedded resource (its
+/// bytes where the run returned them), and the structured object.
+fn result(output: ToolOutput) -> CallToolResult {
+    let mut content = vec![ContentBlock::text(output.text)];
+    content.extend(output.files.iter().filter_map(file_resource));
+    let mut result = if output.is_error {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    };
+    result.structured_content = Some(output.structured);
+    result
+}
+
+/// A produced file as an embedded resource: text when it is UTF-8, base64 otherwise; `None`
+/// for a file past the run's return budget (the text and the structured result list it).
+fn file_resource(file: &OutputFile) -> Option<ContentBlock> {
+    let bytes = file.bytes.as_ref()?;
+    let path = percent_encoding::utf8_percent_encode(&file.path, PATH_ESCAPES);
+    let uri = format!("{FILE_URI_PREFIX}{path}");
+    let contents = match std::str::from_utf8(bytes) {
+        Ok(text) => ResourceContents::text(text, uri),
+        Err(_) => {
+            ResourceContents::blob(base64::engine::general_purpose::STANDARD.encode(bytes), uri)
+                .with_mime_type("application/octet-stream")
+        }
+    };
+    Some(ContentBlock::resource(contents))
+}
+
+/// A schema as the JSON object `rmcp` takes (every schema here is one).
+fn object(schema: Value) -> Arc<JsonObject> {
+    match schema {
+        Value::Object(map) => Arc::new(map),
+        _ => Arc::new(JsonObject::new()),
+    }
+}
+
+#[cfg(test)]
+#[path = "mcp_tests.rs"]
+mod tests;

@@ -1,0 +1,458 @@
+//! The `run_python` tool and its session tools, apart from any transport: what the MCP and
+//! HTTP servers call. A call's input is JSON; its output is a structured object (see
+//! [`PythonTool::output_schema`]), the compact text for the model, and the produced files.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use pycage::{
+    Description, ErrorKind, InputFile, Limits, OutputFile, Persistence, RunError, RunRequest,
+    RunResult, Runner, SessionId, SessionManager,
+};
+use serde_json::{Map, Value, json};
+use tokio::sync::Semaphore;
+
+use crate::clamp::{self, Clamped};
+use crate::config::ServerConfig;
+use crate::schema;
+
+/// The tool's name.
+pub const RUN_PYTHON: &str = "run_python";
+/// The tool that opens a session.
+pub const CREATE_SESSION: &str = "create_session";
+/// The tool that destroys a session.
+pub const CLOSE_SESSION: &str = "close_session";
+
+/// Why a server could not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The configuration is unusable.
+    Config(crate::ConfigError),
+    /// The sandbox could not be made (a backend, a tools file, the policy).
+    Sandbox(String),
+    /// The sandbox could not be described (its probe run failed).
+    Describe(pycage::DescribeError),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Config(e) => e.fmt(f),
+            StartError::Sandbox(why) => f.write_str(why),
+            StartError::Describe(e) => write!(f, "the sandbox could not be described: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// A long run's progress, reported every [`RunsConfig::progress_interval`](crate::RunsConfig).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Progress {
+    /// How long the call has been running (waiting for a slot included).
+    pub elapsed: Duration,
+}
+
+/// What one tool call gives back.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ToolOutput {
+    /// The structured result (for `run_python`, of [`PythonTool::output_schema`]).
+    pub structured: Value,
+    /// The compact text for the model.
+    pub text: String,
+    /// True when the call failed (the guest's failure, a limit, bad input, busy).
+    pub is_error: bool,
+    /// The files the run produced, with their bytes where they were returned.
+    pub files: Vec<OutputFile>,
+}
+
+/// `run_python`, `create_session` and `close_session` over one runner (see the [module
+/// docs](self)). Cheap to share behind an `Arc`; every call may run concurrently, up to the
+/// configured bound.
+#[derive(Debug)]
+pub struct PythonTool {
+    runner: Runner,
+    sessions: Option<Arc<SessionManager>>,
+    maxima: Limits,
+    slots: Arc<Semaphore>,
+    max_concurrent: usize,
+    queue_timeout: Duration,
+    progress_interval: Duration,
+    description: Description,
+    text: String,
+    input_schema: Value,
+    output_schema: Value,
+}
+
+impl PythonTool {
+    /// The tool `config` describes: its backend, tools, policy and limits, described by a
+    /// probe run (so this takes as long as one run, plus the guest's first compile).
+    ///
+    /// # Errors
+    ///
+    /// [`StartError`] naming what is unusable.
+    pub async fn start(config: &ServerConfig) -> Result<Self, StartError> {
+        config.validate().map_err(StartError::Config)?;
+        let (limits, maxima) = config.resolved_limits().map_err(StartError::Config)?;
+        let runner = crate::sandbox::runner(config, limits).map_err(StartError::Sandbox)?;
+        Self::with_runner(runner, config, maxima).await
+    }
+
+    /// The tool over `runner` (its limits are each call's defaults), with `config`'s
+    /// sessions and bounds and the given maxima.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError`] naming what is unusable.
+    pub async fn with_runner(
+        runner: Runner,
+        config: &ServerConfig,
+        maxima: Limits,
+    ) -> Result<Self, StartError> {
+        let sessions = if runner.backend().supports_sessions() {
+            let manager = SessionManager::new(runner.clone(), config.sessions.clone())
+                .map_err(|e| StartError::Sandbox(e.message))?;
+            Some(Arc::new(manager))
+        } else {
+            None
+        };
+        let persistence = if sessions.is_some() {
+            Persistence::OnRequest
+        } else {
+            Persistence::OneShot
+        };
+        let description = runner
+            .description()
+            .persistence(persistence)
+            .build()
+            .await
+            .map_err(StartError::Describe)?;
+        let text = schema::description_text(&description, &maxima, sessions.is_some());
+        let input_schema = schema::run_input(&description, &maxima, sessions.is_some());
+        Ok(PythonTool {
+            runner,
+            sessions,
+            maxima,
+            slots: Arc::new(Semaphore::new(config.runs.max_concurrent)),
+            max_concurrent: config.runs.max_concurrent,
+            queue_timeout: config.runs.queue_timeout,
+            progress_interval: config.runs.progress_interval,
+            description,
+            text,
+            input_schema,
+            output_schema: schema::run_output(),
+        })
+    }
+
+    /// The runner the calls run on.
+    pub fn runner(&self) -> &Runner {
+        &self.runner
+    }
+
+    /// The sessions, where the backend keeps them.
+    pub fn sessions(&self) -> Option<&Arc<SessionManager>> {
+        self.sessions.as_ref()
+    }
+
+    /// How many runs hold a slot now (at most the configured `max_concurrent`).
+    pub fn runs_in_progress(&self) -> usize {
+        self.max_concurrent - self.slots.available_permits()
+    }
+
+    /// The library's description of the sandbox the tool describes.
+    pub fn description(&self) -> &Description {
+        &self.description
+    }
+
+    /// The tool's description for the model: every limit, the tools as Python signatures,
+    /// files, sessions, and what a call may ask for.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The JSON schema of `run_python`'s input.
+    pub fn input_schema(&self) -> &Value {
+        &self.input_schema
+    }
+
+    /// The JSON schema of `run_python`'s structured output.
+    pub fn output_schema(&self) -> &Value {
+        &self.output_schema
+    }
+
+    /// The JSON schema of `create_session`'s input.
+    pub fn create_session_schema(&self) -> Value {
+        schema::create_session_input(&self.maxima)
+    }
+
+    /// Runs one `run_python` call, calling `on_progress` every progress interval while it
+    /// runs. Dropping the future cancels the run at once and frees its slot (a session's run
+    /// cancelled so ends the session).
+    pub async fn run<F, Fut>(&self, input: &Value, mut on_progress: F) -> ToolOutput
+    where
+        F: FnMut(Progress) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let started = Instant::now();
+        let call = match self.parse_run(input) {
+            Ok(call) => call,
+            Err(error) => return self.failed(&error),
+        };
+        let run = async {
+            let _slot = self.slot().await?;
+            Ok::<_, RunError>(match &call.session {
+                Some((id, sessions)) => sessions.run(id, call.request).await,
+                None => self.runner.run_request(call.request).await,
+            })
+        };
+        tokio::pin!(run);
+        let mut ticks = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.progress_interval,
+            self.progress_interval,
+        );
+        let result = loop {
+            tokio::select! {
+                done = &mut run => break done,
+                _ = ticks.tick() => on_progress(Progress { elapsed: started.elapsed() }).await,
+            }
+        };
+        match result {
+            Ok(result) => render(
+                result,
+                call.session.as_ref().map(|(id, _)| id),
+                &call.clamped,
+            ),
+            Err(error) => self.failed(&error),
+        }
+    }
+
+    /// Runs one `create_session` call: `limits` (optional) within the maxima.
+    pub async fn create_session(&self, input: &Value) -> ToolOutput {
+        let Some(sessions) = &self.sessions else {
+            return self.failed(&unsupported(self.runner.backend().name()));
+        };
+        let opened = async {
+            let object = object(input)?;
+            if let Some(key) = object.keys().find(|k| k.as_str() != "limits") {
+                return Err(invalid(format!(
+                    "`create_session` takes only `limits`, not `{}`",
+                    key.escape_debug()
+                )));
+            }
+            let (limits, clamped) =
+                clamp::apply(self.runner.limits(), &self.maxima, object.get("limits"))?;
+            let id = sessions.create_with(limits.clone()).await?;
+            Ok((id, limits, clamped))
+        };
+        match opened.await {
+            Ok((id, limits, clamped)) => {
+                let config = sessions.config();
+                let mut text = format!(
+                    "session {id} created: pass \"session_id\": \"{id}\" to run_python; it \
+                     expires after {} unused\n",
+                    pycage_tools::units::format_duration(config.idle_timeout)
+                );
+                if let Some(note) = clamp::note(&clamped) {
+                    text.push_str(&note);
+                    text.push('\n');
+                }
+                ToolOutput {
+                    structured: json!({
+                        "session_id": id.as_str(),
+                        "limits": limits,
+                        "idle_timeout_seconds": config.idle_timeout.as_secs(),
+                        "max_lifetime_seconds": config.max_lifetime.as_secs(),
+                        "clamped": clamped,
+                    }),
+                    text,
+                    is_error: false,
+                    files: Vec::new(),
+                }
+            }
+            Err(error) => self.failed(&error),
+        }
+    }
+
+    /// Runs one `close_session` call: `session_id`.
+    pub fn close_session(&self, input: &Value) -> ToolOutput {
+        let closed = object(input).and_then(|object| {
+            if let Some(key) = object.keys().find(|k| k.as_str() != "session_id") {
+                return Err(invalid(format!(
+                    "`close_session` takes only `session_id`, not `{}`",
+                    key.escape_debug()
+                )));
+            }
+            let id = session_id(object)?
+                .ok_or_else(|| invalid("`close_session` needs `session_id`, a string".into()))?;
+            let live = self.sessions.as_ref().is_some_and(|s| s.close(&id));
+            if live {
+                Ok(id)
+            } else {
+                Err(RunError::new(
+                    ErrorKind::SessionNotFound,
+                    "no live session has that id (it was closed, expired or never existed)",
+                ))
+            }
+        });
+        match closed {
+            Ok(id) => ToolOutput {
+                structured: json!({"session_id": id.as_str(), "closed": true}),
+                text: format!("session {id} closed\n"),
+                is_error: false,
+                files: Vec::new(),
+            },
+            Err(error) => self.failed(&error),
+        }
+    }
+
+    /// A failure as `run_python` renders it: the shape of its output schema.
+    fn failed(&self, error: &RunError) -> ToolOutput {
+        let backend = self.runner.backend().name();
+        render(
+            RunResult::failed(backend, error.clone(), Duration::ZERO),
+            None,
+            &[],
+        )
+    }
+
+    /// A run slot, waiting at most the queue timeout.
+    async fn slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, RunError> {
+        match tokio::time::timeout(self.queue_timeout, self.slots.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            // The semaphore is never closed; a closed one is as good as full.
+            Ok(Err(_)) | Err(_) => Err(RunError::new(
+                ErrorKind::Busy,
+                format!(
+                    "the server is running as many runs as it allows and none finished \
+                     within {}; nothing ran, try again later",
+                    pycage_tools::units::format_duration(self.queue_timeout)
+                ),
+            )),
+        }
+    }
+
+    fn parse_run(&self, input: &Value) -> Result<Call, RunError> {
+        let mut object = object(input)?.clone();
+        let session = match (session_id(&object)?, &self.sessions) {
+            (None, _) => None,
+            (Some(id), Some(sessions)) => Some((id, sessions.clone())),
+            (Some(_), None) => return Err(unsupported(self.runner.backend().name())),
+        };
+        object.remove("session_id");
+        let asked = object.remove("limits");
+        let base64 = match object.remove("files_base64") {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(_) => return Err(invalid("`files_base64` must be a boolean".into())),
+        };
+        let encoded = if base64 { object.remove("files") } else { None };
+        let mut request = self.description.parse_input(&Value::Object(object))?;
+        if let Some(files) = encoded {
+            request = request.files(decode_files(&files)?);
+        }
+        let (limits, clamped) = clamp::apply(self.runner.limits(), &self.maxima, asked.as_ref())?;
+        Ok(Call {
+            request: request.limits(limits),
+            session,
+            clamped,
+        })
+    }
+}
+
+/// One parsed `run_python` call.
+struct Call {
+    request: RunRequest,
+    session: Option<(SessionId, Arc<SessionManager>)>,
+    clamped: Vec<Clamped>,
+}
+
+fn render(result: RunResult, session: Option<&SessionId>, clamped: &[Clamped]) -> ToolOutput {
+    let mut text = result.for_model();
+    if let Some(note) = clamp::note(clamped) {
+        text.push_str(&note);
+        text.push('\n');
+    }
+    let files: Vec<Value> = result
+        .files
+        .iter()
+        .map(|f| json!({"path": f.path, "size": f.size, "returned": f.bytes.is_some()}))
+        .collect();
+    let structured = json!({
+        "ok": result.ok,
+        "value": result.value,
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "stdout_truncated": result.stdout_truncated,
+        "stderr_truncated": result.stderr_truncated,
+        "error": result.error,
+        "tool_calls": result.tool_calls,
+        "fuel_consumed": result.fuel_consumed,
+        "duration_ms": result.duration.as_secs_f64() * 1000.0,
+        "timed_out": result.timed_out,
+        "backend": result.backend,
+        "files": files,
+        "session_id": session.map(SessionId::as_str),
+        "session_ended": result.session_ended,
+        "clamped": clamped,
+    });
+    ToolOutput {
+        structured,
+        text,
+        is_error: !result.ok,
+        files: result.files,
+    }
+}
+
+fn object(input: &Value) -> Result<&Map<String, Value>, RunError> {
+    input
+        .as_object()
+        .ok_or_else(|| invalid("the tool input must be a JSON object".into()))
+}
+
+fn session_id(object: &Map<String, Value>) -> Result<Option<SessionId>, RunError> {
+    match object.get("session_id") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(id)) => Ok(Some(SessionId::from(id.as_str()))),
+        Some(_) => Err(invalid("`session_id` must be a string".into())),
+    }
+}
+
+fn decode_files(files: &Value) -> Result<Vec<InputFile>, RunError> {
+    let map = files
+        .as_object()
+        .ok_or_else(|| invalid("`files` must be an object".into()))?;
+    map.iter()
+        .map(|(path, text)| {
+            let bytes = text
+                .as_str()
+                .and_then(|t| base64::engine::general_purpose::STANDARD.decode(t).ok())
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "file `{}`: with `files_base64`, its content must be base64 text",
+                        path.escape_debug()
+                    ))
+                })?;
+            Ok(InputFile::new(path.clone(), bytes))
+        })
+        .collect()
+}
+
+fn invalid(why: String) -> RunError {
+    RunError::new(ErrorKind::InvalidInput, why)
+}
+
+fn unsupported(backend: &str) -> RunError {
+    RunError::new(
+        ErrorKind::Unsupported,
+        format!("the {backend} backend does not keep sessions"),
+    )
+}
+
+#[cfg(test)]
+#[path = "python_tests.rs"]
+mod tests;

@@ -1,0 +1,45 @@
+//! The runner a [`ServerConfig`] makes: its backend, the built-in and command tools, and
+//! the policy over them.
+
+use pycage::{BackendOptions, BuildError, Limits, Runner, ToolPolicy, backend_by_name};
+use pycage_tools::ToolRegistry;
+
+use crate::config::ServerConfig;
+
+/// The runner `config` describes, with `limits` as each run's defaults. `Err` says what is
+/// unusable (a backend, a tools file, the policy, a backend without isolation not accepted).
+pub fn runner(config: &ServerConfig, limits: Limits) -> Result<Runner, String> {
+    let mut tools = ToolRegistry::with_builtins();
+    for path in &config.tools {
+        let loaded = pycage_tools::command::load_file(path).map_err(|e| e.to_string())?;
+        tools
+            .extend(loaded)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let policy = ToolPolicy {
+        namespace: config.policy.namespace.clone(),
+        allow: config.policy.allow.clone(),
+    };
+    let backend =
+        backend_by_name(&config.backend, &BackendOptions::new()).map_err(|e| e.to_string())?;
+    if let pycage::Availability::Unavailable(why) = backend.availability() {
+        return Err(format!(
+            "backend `{}` cannot run here: {why}",
+            backend.name()
+        ));
+    }
+    Runner::builder()
+        .backend(backend)
+        .tools(tools)
+        .policy(policy)
+        .limits(limits)
+        .allow_no_isolation(config.allow_no_isolation)
+        .build()
+        .map_err(|e| match e {
+            BuildError::NoIsolation(name) => format!(
+                "backend `{name}` provides no isolation: the code would run with the host's \
+                 files, network and processes; set allow_no_isolation to accept that"
+            ),
+            other => other.to_string(),
+        })
+}

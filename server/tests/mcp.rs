@@ -1,0 +1,475 @@
+//! The MCP server driven by a real MCP client (rmcp's) over an in-process transport: tools
+//! and their descriptions, the seed example, limits as tool errors, sessions, files,
+//! progress, cancellation and the bound on concurrent runs.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pycage_server::mcp::McpServer;
+use pycage_server::{PythonTool, ServerConfig};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
+    ContentBlock, Implementation, ProgressNotificationParam, Request, ResourceContents,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::{Value, json};
+
+/// The seed example: five brokered `add` calls.
+const SEED: &str = "total = 0\n\
+                    for i in range(1, 6):\n    \
+                        r = await add(a=str(total), b=str(i))\n    \
+                        total = r['sum']\n\
+                    return total";
+
+/// A client that keeps the progress notifications it receives.
+#[derive(Clone, Default)]
+struct Client {
+    progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+}
+
+impl ClientHandler for Client {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.progress.lock().unwrap().push(params);
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("pycage-test", "0"),
+        )
+    }
+}
+
+struct Harness {
+    tool: Arc<PythonTool>,
+    client: RunningService<RoleClient, Client>,
+    handler: Client,
+}
+
+async fn serve(toml: &str) -> Harness {
+    let config = ServerConfig::from_toml(toml).unwrap();
+    let tool = Arc::new(PythonTool::start(&config).await.unwrap());
+    let (server_io, client_io) = tokio::io::duplex(1 << 20);
+    let server = McpServer::new(tool.clone());
+    tokio::spawn(async move {
+        if let Ok(running) = server.serve(server_io).await {
+            let _ = running.waiting().await;
+        }
+    });
+    let handler = Client::default();
+    let client = handler.clone().serve(client_io).await.unwrap();
+    Harness {
+        tool,
+        client,
+        handler,
+    }
+}
+
+fn params(name: &'static str, arguments: Value) -> CallToolRequestParams {
+    let Value::Object(arguments) = arguments else {
+        panic!("arguments must be an object")
+    };
+    CallToolRequestParams::new(name).with_arguments(arguments)
+}
+
+async fn call(h: &Harness, name: &'static str, arguments: Value) -> CallToolResult {
+    h.client.call_tool(params(name, arguments)).await.unwrap()
+}
+
+fn structured(r: &CallToolResult) -> &Value {
+    r.structured_content.as_ref().expect("structured content")
+}
+
+fn text(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect()
+}
+
+fn error_kind(r: &CallToolResult) -> Option<&str> {
+    structured(r)["error"]["kind"].as_str()
+}
+
+const MATH: &str = "[policy]\nallow = [\"add\"]";
+
+#[tokio::test]
+async fn the_tools_and_a_description_that_states_every_limit() {
+    let h = serve("[policy]\nallow = [\"add\"]\n[limits]\nwall_timeout = \"7s\"\n[maxima]\nwall_timeout = \"45s\"").await;
+    let tools = h.client.list_all_tools().await.unwrap();
+    let names: Vec<_> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert_eq!(names, ["run_python", "create_session", "close_session"]);
+    let run = &tools[0];
+    let description = run.description.as_deref().unwrap();
+    assert_eq!(description, h.tool.text());
+    for needle in [
+        "Wall time: 7s",
+        "Memory: 256MiB",
+        "async def add(",
+        "`timeout_seconds` at most 45s",
+        "create_session",
+    ] {
+        assert!(
+            description.contains(needle),
+            "{needle} not in:\n{description}"
+        );
+    }
+    let input = Value::Object(run.input_schema.as_ref().clone());
+    for key in [
+        "code",
+        "vars",
+        "files",
+        "files_base64",
+        "limits",
+        "session_id",
+    ] {
+        assert!(input["properties"].get(key).is_some(), "{key}: {input}");
+    }
+    assert_eq!(input["required"], json!(["code"]));
+    let output = Value::Object(run.output_schema.as_deref().unwrap().clone());
+    assert_eq!(output["type"], "object");
+}
+
+#[tokio::test]
+async fn the_seed_example_through_a_real_client() {
+    let h = serve(MATH).await;
+    let r = call(&h, "run_python", json!({"code": SEED})).await;
+    assert_eq!(r.is_error, Some(false), "{r:#?}");
+    let s = structured(&r);
+    assert_eq!(s["ok"], true);
+    assert_eq!(s["value"], 15);
+    assert_eq!(s["tool_calls"], 5);
+    assert_eq!(s["backend"], "wasm");
+    assert!(text(&r).starts_with("ok\n"), "{}", text(&r));
+    assert!(text(&r).contains("\nvalue: 15\n"), "{}", text(&r));
+}
+
+#[tokio::test]
+async fn limits_are_tool_errors_and_the_server_keeps_serving() {
+    let h = serve("").await;
+    let timeout = call(
+        &h,
+        "run_python",
+        json!({"code": "while True: pass", "limits": {"timeout_seconds": 0.5}}),
+    )
+    .await;
+    assert_eq!(timeout.is_error, Some(true));
+    assert_eq!(error_kind(&timeout), Some("timeout"));
+    assert_eq!(structured(&timeout)["timed_out"], true);
+    let memory = call(
+        &h,
+        "run_python",
+        json!({"code": "x = bytearray(1 << 30)", "limits": {"memory_mib": 64}}),
+    )
+    .await;
+    assert_eq!(memory.is_error, Some(true));
+    assert_eq!(error_kind(&memory), Some("memory_limit"));
+    let after = call(&h, "run_python", json!({"code": "return 'alive'"})).await;
+    assert_eq!(structured(&after)["value"], "alive");
+}
+
+#[tokio::test]
+async fn bad_input_is_a_tool_error_naming_it_and_an_unknown_tool_a_protocol_error() {
+    let h = serve("").await;
+    for (arguments, needle) in [
+        (json!({}), "needs `code`"),
+        (json!({"code": "pass", "nope": 1}), "no field `nope`"),
+        (
+            json!({"code": "pass", "limits": {"timeout": 1}}),
+            "no field `timeout`",
+        ),
+        (
+            json!({"code": "pass", "session_id": 3}),
+            "`session_id` must be a string",
+        ),
+        (
+            json!({"code": "pass", "files": {"a": "!"}, "files_base64": true}),
+            "base64",
+        ),
+    ] {
+        let r = call(&h, "run_python", arguments.clone()).await;
+        assert_eq!(r.is_error, Some(true), "{arguments}");
+        assert_eq!(error_kind(&r), Some("invalid_input"), "{arguments}");
+        let message = structured(&r)["error"]["message"].as_str().unwrap();
+        assert!(message.contains(needle), "{arguments}: {message}");
+    }
+    let unknown = h.client.call_tool(params("run_ruby", json!({}))).await;
+    assert!(unknown.is_err(), "{unknown:?}");
+}
+
+#[tokio::test]
+async fn limits_above_the_maxima_are_lowered_and_the_result_says_so() {
+    let h = serve("[maxima]\nwall_timeout = \"40s\"").await;
+    let r = call(
+        &h,
+        "run_python",
+        json!({"code": "return 1", "limits": {"timeout_seconds": 600}}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(false), "{r:#?}");
+    let clamped = &structured(&r)["clamped"];
+    assert_eq!(
+        clamped,
+        &json!([{"field": "timeout_seconds", "asked": 600, "got": 40.0}])
+    );
+    assert!(
+        text(&r).contains("timeout_seconds 600 → 40"),
+        "{}",
+        text(&r)
+    );
+}
+
+#[tokio::test]
+async fn a_session_keeps_state_across_three_calls_and_closes() {
+    let h = serve("").await;
+    let created = call(&h, "create_session", json!({})).await;
+    assert_eq!(created.is_error, Some(false), "{created:#?}");
+    let id = structured(&created)["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let first = call(
+        &h,
+        "run_python",
+        json!({"code": "x = 40", "session_id": id}),
+    )
+    .await;
+    assert_eq!(structured(&first)["ok"], true, "{first:#?}");
+    call(
+        &h,
+        "run_python",
+        json!({"code": "x += 1", "session_id": id}),
+    )
+    .await;
+    let third = call(
+        &h,
+        "run_python",
+        json!({"code": "return x + 1", "session_id": id}),
+    )
+    .await;
+    assert_eq!(structured(&third)["value"], 42);
+    assert_eq!(structured(&third)["session_id"], id.as_str());
+    // A one-shot call does not see the session's globals.
+    let fresh = call(&h, "run_python", json!({"code": "return 'x' in globals()"})).await;
+    assert_eq!(structured(&fresh)["value"], false);
+    let closed = call(&h, "close_session", json!({"session_id": id})).await;
+    assert_eq!(closed.is_error, Some(false));
+    let gone = call(
+        &h,
+        "run_python",
+        json!({"code": "return x", "session_id": id}),
+    )
+    .await;
+    assert_eq!(error_kind(&gone), Some("session_not_found"));
+    let again = call(&h, "close_session", json!({"session_id": id})).await;
+    assert_eq!(error_kind(&again), Some("session_not_found"));
+}
+
+#[tokio::test]
+async fn a_session_past_the_live_bound_is_refused() {
+    let h = serve("[sessions]\nmax_sessions = 1").await;
+    let first = call(&h, "create_session", json!({})).await;
+    assert_eq!(first.is_error, Some(false));
+    let second = call(&h, "create_session", json!({})).await;
+    assert_eq!(error_kind(&second), Some("too_many_sessions"));
+}
+
+#[tokio::test]
+async fn files_go_in_as_text_or_base64_and_come_back_as_embedded_resources() {
+    let h = serve("").await;
+    let code = "import os\n\
+                data = open('in.txt').read() + open('raw.bin', 'rb').read().hex()\n\
+                os.makedirs('out', exist_ok=True)\n\
+                open('out/report.txt', 'w').write(data.upper())\n\
+                open('blob.bin', 'wb').write(bytes([0, 255]))\n\
+                return data";
+    let r = call(
+        &h,
+        "run_python",
+        json!({"code": code, "files": {"in.txt": "hi ", "raw.bin": "AAE="}, "files_base64": false}),
+    )
+    .await;
+    // Without the flag `raw.bin` is text; with it both are base64.
+    assert_eq!(structured(&r)["value"], "hi 4141453d", "{r:#?}");
+    let r = call(
+        &h,
+        "run_python",
+        json!({"code": code, "files": {"in.txt": "aGkg", "raw.bin": "AAE="}, "files_base64": true}),
+    )
+    .await;
+    assert_eq!(structured(&r)["value"], "hi 0001", "{r:#?}");
+    let listed: Vec<_> = structured(&r)["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(listed, ["blob.bin", "out/report.txt"]);
+    let mut resources = Vec::new();
+    for content in &r.content {
+        if let ContentBlock::Resource(embedded) = content {
+            resources.push(embedded.resource.clone());
+        }
+    }
+    assert_eq!(resources.len(), 2, "{:#?}", r.content);
+    match &resources[0] {
+        ResourceContents::BlobResourceContents { uri, blob, .. } => {
+            assert_eq!(uri, "pycage-file:///blob.bin");
+            assert_eq!(blob, "AP8=");
+        }
+        other => panic!("{other:?}"),
+    }
+    match &resources[1] {
+        ResourceContents::TextResourceContents { uri, text, .. } => {
+            assert_eq!(uri, "pycage-file:///out/report.txt");
+            assert_eq!(text, "HI 0001");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_long_run_reports_progress() {
+    let h = serve("[runs]\nprogress_interval = \"100ms\"").await;
+    let r = call(
+        &h,
+        "run_python",
+        json!({"code": "while True: pass", "limits": {"timeout_seconds": 2}}),
+    )
+    .await;
+    assert_eq!(error_kind(&r), Some("timeout"), "{r:#?}");
+    // The client handles notifications on a task of its own: one may land after the result.
+    for _ in 0..500 {
+        if !h.handler.progress.lock().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let progress = h.handler.progress.lock().unwrap().clone();
+    assert!(
+        !progress.is_empty(),
+        "no progress notification: {}",
+        structured(&r)
+    );
+    let elapsed: Vec<f64> = progress.iter().map(|p| p.progress).collect();
+    assert!(elapsed.windows(2).all(|w| w[0] < w[1]), "{elapsed:?}");
+    assert!(
+        progress[0]
+            .message
+            .as_deref()
+            .unwrap()
+            .starts_with("running for")
+    );
+}
+
+/// Starts a run that spins until its 20 s timeout, and waits until it holds a slot.
+async fn start_spinning(h: &Harness) -> rmcp::service::RequestHandle<rmcp::RoleClient> {
+    let request = ClientRequest::CallToolRequest(Request::new(params(
+        "run_python",
+        json!({"code": "while True: pass", "limits": {"timeout_seconds": 20}}),
+    )));
+    let handle = h
+        .client
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .unwrap();
+    for _ in 0..500 {
+        if h.tool.runs_in_progress() == 1 {
+            return handle;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the spinning run never took its slot");
+}
+
+#[tokio::test]
+async fn beyond_the_concurrency_bound_a_call_is_busy_and_a_cancel_frees_the_slot() {
+    let h = serve("[runs]\nmax_concurrent = 1\nqueue_timeout = \"300ms\"").await;
+    let spinning = start_spinning(&h).await;
+    let busy = call(&h, "run_python", json!({"code": "return 1"})).await;
+    assert_eq!(busy.is_error, Some(true));
+    assert_eq!(error_kind(&busy), Some("busy"), "{busy:#?}");
+    spinning.cancel(Some("test".into())).await.unwrap();
+    // The slot is freed by the cancel, long before the spinning run's 20 s timeout.
+    for _ in 0..500 {
+        if h.tool.runs_in_progress() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        h.tool.runs_in_progress(),
+        0,
+        "the cancelled run kept its slot"
+    );
+    let after = call(&h, "run_python", json!({"code": "return 2"})).await;
+    assert_eq!(structured(&after)["value"], 2, "{after:#?}");
+}
+
+#[tokio::test]
+async fn a_cancelled_session_run_ends_its_session() {
+    let h = serve("").await;
+    let created = call(&h, "create_session", json!({})).await;
+    let id = structured(&created)["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let request = ClientRequest::CallToolRequest(Request::new(params(
+        "run_python",
+        json!({"code": "while True: pass", "session_id": id}),
+    )));
+    let handle = h
+        .client
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .unwrap();
+    for _ in 0..500 {
+        if h.tool.runs_in_progress() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    handle.cancel(None).await.unwrap();
+    let next = call(
+        &h,
+        "run_python",
+        json!({"code": "return 1", "session_id": id}),
+    )
+    .await;
+    assert_eq!(error_kind(&next), Some("session_ended"), "{next:#?}");
+}
+
+#[tokio::test]
+async fn a_session_made_with_its_own_limits_keeps_them() {
+    let h = serve("").await;
+    let created = call(
+        &h,
+        "create_session",
+        json!({"limits": {"memory_mib": 64, "timeout_seconds": 900}}),
+    )
+    .await;
+    let s = structured(&created);
+    assert_eq!(s["limits"]["memory_bytes"], 64 << 20, "{s}");
+    // The default maxima are the limits: 30 s.
+    assert_eq!(s["clamped"][0]["field"], "timeout_seconds", "{s}");
+    let id = s["session_id"].as_str().unwrap().to_owned();
+    let big = call(
+        &h,
+        "run_python",
+        json!({"code": "x = bytearray(100 << 20)", "session_id": id}),
+    )
+    .await;
+    assert_eq!(error_kind(&big), Some("memory_limit"), "{big:#?}");
+    let bad = call(&h, "create_session", json!({"limit": {}})).await;
+    assert_eq!(error_kind(&bad), Some("invalid_input"));
+}

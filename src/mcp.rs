@@ -1,0 +1,96 @@
+//! `pycage mcp`: the `run_python` tool over MCP on stdio, configured by `--config` and the
+//! sandbox flags (which override the file). stdout carries protocol messages only; every
+//! notice and log line goes to stderr.
+
+use std::sync::Arc;
+
+use pycage_server::{PythonTool, ServerConfig, StartError};
+
+use crate::cli::{McpArgs, SandboxArgs};
+use crate::exit::Exit;
+
+pub async fn mcp(args: McpArgs) -> Exit {
+    let config = match config(&args) {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("pycage: {message}");
+            return Exit::Usage;
+        }
+    };
+    if config.backend == "wasm" && !pycage::WasmBackend::shared().is_ok_and(|w| w.is_cached()) {
+        eprintln!("pycage: compiling the sandbox (first run only; this takes a few seconds)...");
+    }
+    let tool = match PythonTool::start(&config).await {
+        Ok(tool) => tool,
+        Err(e @ (StartError::Config(_) | StartError::Sandbox(_))) => {
+            eprintln!("pycage: {e}");
+            return Exit::Usage;
+        }
+        Err(e) => {
+            eprintln!("pycage: {e}");
+            return Exit::Internal;
+        }
+    };
+    match pycage_server::mcp::serve_stdio(Arc::new(tool)).await {
+        Ok(()) => Exit::Ok,
+        Err(e) => {
+            eprintln!("pycage: the MCP session ended: {e}");
+            Exit::Internal
+        }
+    }
+}
+
+/// The config file (or the defaults) with the flags over it.
+fn config(args: &McpArgs) -> Result<ServerConfig, String> {
+    let mut config = match &args.config {
+        Some(path) => ServerConfig::from_file(path).map_err(|e| e.to_string())?,
+        None => ServerConfig::default(),
+    };
+    apply_sandbox_flags(&mut config, &args.sandbox);
+    if let Some(n) = args.max_concurrent {
+        config.runs.max_concurrent = n;
+    }
+    if let Some(d) = args.queue_timeout {
+        config.runs.queue_timeout = d;
+    }
+    config.validate().map_err(|e| e.to_string())?;
+    Ok(config)
+}
+
+/// The sandbox flags over `config`: each one given replaces the file's value (`--tools`
+/// adds files, `--allow` replaces the list).
+fn apply_sandbox_flags(config: &mut ServerConfig, flags: &SandboxArgs) {
+    config.tools.extend(flags.tools.iter().cloned());
+    if flags.namespace.is_some() {
+        config.policy.namespace.clone_from(&flags.namespace);
+    }
+    if !flags.allow.is_empty() {
+        config.policy.allow.clone_from(&flags.allow);
+    }
+    if let Some(backend) = &flags.backend {
+        config.backend.clone_from(backend);
+    }
+    config.allow_no_isolation |= flags.allow_no_isolation;
+    let limits = &mut config.limits;
+    if let Some(d) = flags.timeout {
+        limits.wall_timeout = d;
+    }
+    if let Some(fuel) = flags.fuel {
+        limits.fuel = Some(fuel);
+    }
+    if let Some(bytes) = flags.memory {
+        limits.memory_bytes = bytes;
+    }
+    if let Some(bytes) = flags.max_output {
+        limits.max_output_bytes = bytes;
+    }
+    if let Some(n) = flags.max_tool_calls {
+        limits.max_tool_calls = n;
+    }
+    if let Some(bytes) = flags.max_written {
+        limits.max_written_bytes = bytes;
+    }
+    if let Some(n) = flags.max_files {
+        limits.max_files = n;
+    }
+}
