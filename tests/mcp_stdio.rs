@@ -1,12 +1,16 @@
 //! `pycage mcp` as an MCP client starts it: a child process speaking MCP on stdio, driven by
-//! rmcp's client. Its stdout must carry protocol messages only (a stray line breaks the
-//! client), with the flags and a `--config` file setting the sandbox.
+//! rmcp's client and by the official Python SDK's (`tests/interop/mcp_client.py`, in the
+//! virtualenv `scripts/setup` makes). Its stdout must carry protocol messages only (a stray
+//! line breaks the clients), with the flags and a `--config` file setting the sandbox.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     reason = "a test reports by panicking"
 )]
 
+mod os_support;
+
+use std::path::Path;
 use std::process::Stdio;
 
 use rmcp::ServiceExt;
@@ -82,3 +86,26 @@ async fn pycage_mcp_refuses_an_unknown_config_key_before_serving() {
     assert!(stderr.contains("unknown field `wall_timout`"), "{stderr}");
 }
 
+#[test]
+fn the_official_python_sdk_drives_pycage_mcp() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = repo.join("target/interop-venv/bin/python");
+    if !python.exists() {
+        return os_support::skip("target/interop-venv is missing (scripts/setup makes it)");
+    }
+    // One run slot: the client's cancellation check then shows a cancelled run frees it.
+    let out = std::process::Command::new(python)
+        .arg(repo.join("tests/interop/mcp_client.py"))
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_pycage"))
+        .args(["mcp", "--allow", "add", "--max-concurrent", "1"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("interop: all"), "{stdout}");
+    assert!(!stdout.contains("skip "), "a check was skipped:\n{stdout}");
+    eprintln!("{stdout}");
+}
