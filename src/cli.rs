@@ -141,6 +141,25 @@ pub struct McpArgs {
     /// How long a call waits for a free run slot, with a unit [default: 5s].
     #[arg(long = "queue-timeout", value_name = "DURATION", value_parser = parse_duration)]
     pub queue_timeout: Option<Duration>,
+
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (`127.0.0.1:8080`; port 0
+    /// picks one, printed on stderr).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
+
+    /// With --listen: a file holding the bearer token every request must carry (required to
+    /// listen on an address that is not loopback).
+    #[arg(long = "token-file", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// With --listen: also accept this `Host` (repeatable; loopback names always are).
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    pub allowed_hosts: Vec<String>,
+
+    /// With --listen: also accept this browser `Origin`, `https://app.example:443` or with
+    /// port `*` (repeatable; loopback origins always are).
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    pub allowed_origins: Vec<String>,
 }
 
 #[derive(Debug, Args)]

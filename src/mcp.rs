@@ -1,10 +1,13 @@
-//! `pycage mcp`: the `run_python` tool over MCP on stdio, configured by `--config` and the
-//! sandbox flags (which override the file). stdout carries protocol messages only; every
-//! notice and log line goes to stderr.
+//! `pycage mcp`: the `run_python` tool over MCP on stdio, or streamable HTTP with
+//! `--listen`, configured by `--config` and the flags (which override the file). On stdio,
+//! stdout carries protocol messages only; every notice and log line goes to stderr.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
+use pycage_server::mcp::http;
 use pycage_server::{PythonTool, ServerConfig, StartError};
+use tokio_util::sync::CancellationToken;
 
 use crate::cli::{McpArgs, SandboxArgs};
 use crate::exit::Exit;
@@ -31,13 +34,69 @@ pub async fn mcp(args: McpArgs) -> Exit {
             return Exit::Internal;
         }
     };
-    match pycage_server::mcp::serve_stdio(Arc::new(tool)).await {
+    let tool = Arc::new(tool);
+    match config.http.listen {
+        None => match pycage_server::mcp::serve_stdio(tool).await {
+            Ok(()) => Exit::Ok,
+            Err(e) => {
+                eprintln!("pycage: the MCP session ended: {e}");
+                Exit::Internal
+            }
+        },
+        Some(addr) => serve_http(tool, &config, addr).await,
+    }
+}
+
+/// Serves streamable HTTP on `addr` until SIGINT or SIGTERM.
+async fn serve_http(tool: Arc<PythonTool>, config: &ServerConfig, addr: SocketAddr) -> Exit {
+    let token = match &config.http.token_file {
+        Some(path) => match http::read_token(path) {
+            Ok(token) => Some(token),
+            Err(message) => {
+                eprintln!("pycage: {message}");
+                return Exit::Usage;
+            }
+        },
+        None => None,
+    };
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("pycage: cannot listen on {addr}: {e}");
+            return Exit::Usage;
+        }
+    };
+    let bound = listener.local_addr().unwrap_or(addr);
+    eprintln!("pycage: serving MCP at {}", http::endpoint(bound));
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        stop_signal().await;
+        on_signal.cancel();
+    });
+    match http::serve(tool, &config.http, token, listener, shutdown).await {
         Ok(()) => Exit::Ok,
         Err(e) => {
-            eprintln!("pycage: the MCP session ended: {e}");
+            eprintln!("pycage: the HTTP server failed: {e}");
             Exit::Internal
         }
     }
+}
+
+/// SIGINT or (on Unix) SIGTERM, whichever comes first.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// The config file (or the defaults) with the flags over it.
@@ -53,6 +112,20 @@ fn config(args: &McpArgs) -> Result<ServerConfig, String> {
     if let Some(d) = args.queue_timeout {
         config.runs.queue_timeout = d;
     }
+    if args.listen.is_some() {
+        config.http.listen = args.listen;
+    }
+    if args.token_file.is_some() {
+        config.http.token_file.clone_from(&args.token_file);
+    }
+    config
+        .http
+        .allowed_hosts
+        .extend(args.allowed_hosts.iter().cloned());
+    config
+        .http
+        .allowed_origins
+        .extend(args.allowed_origins.iter().cloned());
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)
 }

@@ -421,7 +421,10 @@ async fn an_on_request_description_says_how_to_keep_state() {
     assert!(text.contains("A call without a `session_id` starts a fresh interpreter"));
     assert!(text.contains("call `create_session` and pass the `session_id`"));
     assert!(text.contains("Memory: 256MiB, in a session for the whole session."));
-    assert_eq!(serde_json::to_value(&d).unwrap()["persistence"], json!("on_request"));
+    assert_eq!(
+        serde_json::to_value(&d).unwrap()["persistence"],
+        json!("on_request")
+    );
 }
 
 #[tokio::test]

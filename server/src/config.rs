@@ -55,6 +55,8 @@ pub struct ServerConfig {
     pub sessions: SessionConfig,
     /// The bound on runs at once.
     pub runs: RunsConfig,
+    /// The streamable HTTP listener (`pycage mcp --listen`).
+    pub http: HttpConfig,
 }
 
 impl Default for ServerConfig {
@@ -68,6 +70,7 @@ impl Default for ServerConfig {
             maxima: None,
             sessions: SessionConfig::default(),
             runs: RunsConfig::default(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -102,6 +105,37 @@ impl Default for RunsConfig {
             max_concurrent: 4,
             queue_timeout: Duration::from_secs(5),
             progress_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// MCP over streamable HTTP at `/mcp`: where it listens and who may talk to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// The address to listen on (`127.0.0.1:8080`); `None`: serve on stdio.
+    pub listen: Option<std::net::SocketAddr>,
+    /// A file holding the bearer token every request must carry (`Authorization: Bearer
+    /// ...`); required to listen on an address that is not loopback.
+    pub token_file: Option<PathBuf>,
+    /// `Host` values accepted besides `localhost`, `127.0.0.1` and `::1` (any port), against
+    /// DNS rebinding.
+    pub allowed_hosts: Vec<String>,
+    /// `Origin` values accepted besides `http://localhost:*`, `http://127.0.0.1:*` and
+    /// `http://[::1]:*`; a request without an `Origin` (not from a browser) passes.
+    pub allowed_origins: Vec<String>,
+    /// The largest request body, in bytes (default 4 MiB); past it, 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: None,
+            token_file: None,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            max_body_bytes: 4 << 20,
         }
     }
 }
@@ -167,6 +201,11 @@ impl ServerConfig {
                 *tool = base.join(&*tool);
             }
         }
+        if let Some(token) = &mut config.http.token_file
+            && token.is_relative()
+        {
+            *token = base.join(&*token);
+        }
         Ok(config)
     }
 
@@ -211,6 +250,20 @@ impl ServerConfig {
         self.sessions
             .validate()
             .map_err(|e| ConfigError::Invalid(format!("[sessions]: {}", e.message)))?;
+        if let Some(addr) = self.http.listen
+            && !addr.ip().is_loopback()
+            && self.http.token_file.is_none()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "[http] listening on {addr}, which is not loopback, needs a token_file: \
+                 without one anyone who reaches the address runs code"
+            )));
+        }
+        if self.http.max_body_bytes == 0 {
+            return Err(ConfigError::Invalid(
+                "[http] max_body_bytes must be at least 1".into(),
+            ));
+        }
         if self.runs.max_concurrent == 0 {
             return Err(ConfigError::Invalid(
                 "[runs] max_concurrent must be at least 1".into(),

@@ -112,3 +112,16 @@ fn relative_tool_paths_follow_the_file() {
     assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
     assert!(e.to_string().starts_with(&path.display().to_string()));
 }
+
+#[test]
+fn listening_beyond_loopback_needs_a_token() {
+    let open = ServerConfig::from_toml("[http]\nlisten = \"0.0.0.0:8080\"").unwrap();
+    let e = open.validate().unwrap_err().to_string();
+    assert!(e.contains("needs a token_file"), "{e}");
+    let guarded =
+        ServerConfig::from_toml("[http]\nlisten = \"0.0.0.0:8080\"\ntoken_file = \"t\"").unwrap();
+    guarded.validate().unwrap();
+    let local = ServerConfig::from_toml("[http]\nlisten = \"127.0.0.1:0\"").unwrap();
+    local.validate().unwrap();
+    assert!(ServerConfig::from_toml("[http]\nlisten = \"nowhere\"").is_err());
+}

@@ -13,5 +13,5 @@ pub mod python;
 mod sandbox;
 pub mod schema;
 
-pub use config::{ConfigError, PolicyConfig, RunsConfig, ServerConfig};
+pub use config::{ConfigError, HttpConfig, PolicyConfig, RunsConfig, ServerConfig};
 pub use python::{Progress, PythonTool, StartError, ToolOutput};

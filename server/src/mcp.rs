@@ -15,6 +15,8 @@
 //! # }
 //! ```
 
+pub mod http;
+
 use std::sync::Arc;
 
 use base64::Engine as _;

@@ -1,26 +1,42 @@
 """pycage's MCP server driven by the official MCP Python SDK (see requirements.txt).
 
     python mcp_client.py -- <server command...>
+    python mcp_client.py --http URL [--token-file FILE]
 
-launches the server as a child speaking MCP on stdio through the SDK's `stdio_client`, talks to
-it only through the SDK's `ClientSession` (never hand-written JSON-RPC), and checks what a real
+The first launches the server as a child speaking MCP on stdio through the SDK's `stdio_client`;
+the second connects to a running `pycage mcp --listen` at URL (`http://127.0.0.1:PORT/mcp`)
+through the SDK's `streamable_http_client`, sending `Authorization: Bearer <token>` (the token is
+FILE's content, trimmed) on every request when FILE is given. Either way it talks to the server
+only through the SDK's `ClientSession` (never hand-written JSON-RPC), and checks what a real
 client sees: the tool listing, a run with host tool calls, a timeout that leaves the server
 serving, a session across calls, files as embedded resources, progress notifications and
-cancellation. It prints one line per check and exits 1 with a message at the first failure
-(2 on bad usage). The server is expected to be started with `--allow add`; with
-`--max-concurrent 1` the cancellation check also proves that a cancelled run frees its slot
-(the next call would otherwise queue behind a 20 s run).
+cancellation. Over stdio it also checks that the server's stdout carries nothing but JSON-RPC;
+over HTTP it checks instead that the transport reports no fault.
+
+In HTTP mode it then probes the server's HTTP guard with plain `httpx2` requests (the HTTP
+client the SDK itself uses), each an `initialize` POST whose status it asserts: no token and a
+wrong token are refused with 401 (only with --token-file), a foreign `Host` and a foreign
+`Origin` with 403, a loopback `Origin` is served (200), and a body of 2 MiB with 413 (the server
+is expected to run with `[http] max_body_bytes` at 1 MiB, or anything under 2 MiB).
+
+It prints one line per check and exits 1 with a message at the first failure (2 on bad usage).
+The server is expected to be started with `--allow add`; with `--max-concurrent 1` the
+cancellation check also proves that a cancelled run frees its slot (the next call would
+otherwise queue behind a 20 s run).
 """
 
 import inspect
+import json
 import os
 import sys
 import time
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
 SEED = (
     "total = 0\n"
@@ -34,6 +50,11 @@ SPIN = "import time\nt=time.monotonic()\nwhile time.monotonic()-t<1.5: pass\nret
 CALL_TIMEOUT = 120.0
 # How long a call after a cancelled one may take: far less than the cancelled run's 20 s.
 PROMPT_SECONDS = 10.0
+# The body the HTTP probe sends to be refused as too large: twice the 1 MiB cap the server is
+# expected to run with.
+OVERSIZED_BODY_BYTES = 2 * 1024 * 1024
+USAGE = "usage: python mcp_client.py -- <server command...>\n" \
+        "       python mcp_client.py --http URL [--token-file FILE]"
 
 
 class CheckFailed(Exception):
@@ -202,48 +223,170 @@ async def check_cancel(session: ClientSession) -> None:
     ok(name, f"cancelled after 0.5 s; the next call answered in {took:.2f} s")
 
 
-async def main(command: list[str]) -> None:
+CHECKS = (check_listing, check_seed, check_timeout, check_session, check_files, check_progress, check_cancel)
+
+
+class StrayWatch:
+    """What the transport could not deliver as a message reaches the session's message handler as
+    an exception (over stdio: a stray non-protocol line on the server's stdout; over HTTP: a body
+    or event that is not JSON-RPC, a failed stream); every check then fails on it."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.stray: list[Exception] = []
+
+    async def on_message(self, message: Any) -> None:
+        if isinstance(message, Exception):
+            self.stray.append(message)
+
+    def clean(self, after: str) -> None:
+        if self.stray:
+            raise CheckFailed(f"protocol stream: after {after}, {self.what}: {self.stray[0]!r}")
+
+
+async def run_checks(session: ClientSession, watch: StrayWatch) -> None:
+    with anyio.fail_after(CALL_TIMEOUT):
+        init = await session.initialize()
+    watch.clean("initialize")
+    expect(init.protocol_version not in ("2024-11-05", "2025-03-26"), "initialize",
+           f"protocol {init.protocol_version} predates structuredContent and outputSchema (2025-06-18)")
+    ok("initialize", f"{init.server_info.name} {init.server_info.version}, protocol {init.protocol_version}")
+    for check in CHECKS:
+        await check(session)
+        watch.clean(check.__name__)
+
+
+async def main_stdio(command: list[str]) -> None:
     # The server gets this process's whole environment (the SDK's default passes only a few
     # variables), so it finds the same caches and settings as the test that runs it.
     params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
-    # What the transport could not parse (a stray non-protocol line on the server's stdout)
-    # reaches the message handler as an exception; every check then fails on it.
-    stray: list[Exception] = []
-
-    async def on_message(message: Any) -> None:
-        if isinstance(message, Exception):
-            stray.append(message)
-
-    def clean(after: str) -> None:
-        if stray:
-            raise CheckFailed(f"protocol stream: after {after}, the server's stdout carried a line "
-                              f"that is not JSON-RPC: {stray[0]!r}")
-
+    watch = StrayWatch("the server's stdout carried a line that is not JSON-RPC")
     async with (
         stdio_client(params) as (read, write),
-        ClientSession(read, write, message_handler=on_message) as session,
+        ClientSession(read, write, message_handler=watch.on_message) as session,
     ):
-        with anyio.fail_after(CALL_TIMEOUT):
-            init = await session.initialize()
-        clean("initialize")
-        expect(init.protocol_version not in ("2024-11-05", "2025-03-26"), "initialize",
-               f"protocol {init.protocol_version} predates structuredContent and outputSchema (2025-06-18)")
-        ok("initialize", f"{init.server_info.name} {init.server_info.version}, protocol {init.protocol_version}")
-        for check in (check_listing, check_seed, check_timeout, check_session, check_files,
-                      check_progress, check_cancel):
-            await check(session)
-            clean(check.__name__)
+        await run_checks(session, watch)
+
+
+def http_timeout() -> httpx2.Timeout:
+    # The SDK's own defaults for its HTTP client: 30 s to connect and write, 5 min between bytes
+    # of a response (a run's event stream may stay quiet for a while).
+    return httpx2.Timeout(30.0, read=300.0)
+
+
+async def main_http(url: str, token: str | None) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    watch = StrayWatch("the HTTP transport reported a fault")
+    # The SDK's way to set headers: its transport sends every request through this client.
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=http_timeout()) as client,
+        streamable_http_client(url, http_client=client) as (read, write),
+        ClientSession(read, write, message_handler=watch.on_message) as session,
+    ):
+        await run_checks(session, watch)
+    await check_http_guard(url, token)
+
+
+def initialize_body() -> str:
+    """An `initialize` request as a client's first POST carries it (the probes' body)."""
+    return json.dumps({
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "pycage-interop-probe", "version": "0"},
+        },
+    })
+
+
+async def check_http_guard(url: str, token: str | None) -> None:
+    """Raw requests at the HTTP layer: they test the server's guard, not the protocol."""
+    base = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    auth = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    body = initialize_body()
+
+    async with httpx2.AsyncClient(timeout=http_timeout()) as client:
+
+        async def probe(name: str, headers: dict[str, str], want: int, content: str = body) -> str:
+            try:
+                # Streamed, so a served `initialize` (an event stream) is not read to its end.
+                async with client.stream("POST", url, content=content, headers={**base, **headers}) as response:
+                    status = response.status_code
+                    text = ""
+                    if status != 200:
+                        text = (await response.aread()).decode("utf-8", "replace").strip()
+                    session_id = response.headers.get("mcp-session-id")
+            except httpx2.HTTPError as e:
+                raise CheckFailed(f"{name}: the request failed: {type(e).__name__}: {e}") from e
+            expect(status == want, name, f"status {status}, not {want}" + (f": {text[:300]!r}" if text else ""))
+            if session_id:
+                # A served probe opened an MCP session: end it, as a client closing would.
+                await client.delete(url, headers={**auth, "mcp-session-id": session_id})
+            return text
+
+        if token is None:
+            skip("http: no token", "no --token-file, so the server is not expected to ask for one")
+            skip("http: wrong token", "no --token-file, so the server is not expected to ask for one")
+        else:
+            text = await probe("http: no token", {}, 401)
+            ok("http: no token", f"401 {text[:80]!r}" if text else "401")
+            text = await probe("http: wrong token", {"Authorization": "Bearer wrong"}, 401)
+            ok("http: wrong token", f"401 {text[:80]!r}" if text else "401")
+        text = await probe("http: foreign Host", {**auth, "Host": "evil.example"}, 403)
+        ok("http: foreign Host", f"Host: evil.example -> 403 {text[:80]!r}" if text else "403")
+        text = await probe("http: foreign Origin", {**auth, "Origin": "http://evil.example"}, 403)
+        ok("http: foreign Origin", f"Origin: http://evil.example -> 403 {text[:80]!r}" if text else "403")
+        await probe("http: loopback Origin", {**auth, "Origin": "http://localhost:3000"}, 200)
+        ok("http: loopback Origin", "Origin: http://localhost:3000 -> 200")
+        # The initialize request padded with trailing whitespace (still valid JSON) to 2 MiB.
+        big = body + " " * (OVERSIZED_BODY_BYTES - len(body))
+        text = await probe("http: oversized body", auth, 413, content=big)
+        ok("http: oversized body", f"{len(big)} bytes -> 413 {text[:80]!r}" if text else f"{len(big)} bytes -> 413")
+
+
+def parse(args: list[str]) -> tuple[str, Any] | None:
+    """("stdio", command) or ("http", (url, token)); None on bad usage (reported on stderr)."""
+    if args[:1] not in (["--http"], ["--token-file"]):
+        if args[:1] == ["--"]:
+            args = args[1:]
+        return ("stdio", args) if args else None
+    # `--http URL` and `--token-file FILE`, in either order, each at most once.
+    flags: dict[str, str] = {}
+    rest = args
+    while rest:
+        if rest[0] not in ("--http", "--token-file") or rest[0] in flags or len(rest) < 2:
+            return None
+        flags[rest[0]], rest = rest[1], rest[2:]
+    url, token_file = flags.get("--http"), flags.get("--token-file")
+    if not url:
+        return None
+    token = None
+    if token_file is not None:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as e:
+            print(f"mcp_client.py: cannot read the token file: {e}", file=sys.stderr)
+            return None
+        if not token:
+            print(f"mcp_client.py: the token file {token_file} is empty", file=sys.stderr)
+            return None
+    return ("http", (url, token))
 
 
 def entry() -> int:
-    args = sys.argv[1:]
-    if args[:1] == ["--"]:
-        args = args[1:]
-    if not args:
-        print("usage: python mcp_client.py -- <server command...>", file=sys.stderr)
+    parsed = parse(sys.argv[1:])
+    if parsed is None:
+        print(USAGE, file=sys.stderr)
         return 2
+    mode, how = parsed
     try:
-        anyio.run(main, args)
+        if mode == "stdio":
+            anyio.run(main_stdio, how)
+        else:
+            anyio.run(main_http, *how)
     except CheckFailed as e:
         print(f"FAIL  {e}", flush=True)
         return 1
