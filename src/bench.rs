@@ -5,6 +5,7 @@
 //! after the other, so the ratios compare like with like.
 
 mod cases;
+mod mcp;
 mod stats;
 
 use std::path::PathBuf;

@@ -135,6 +135,9 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
             target: None,
         });
     }
+    if wanted("mcp_stdio") {
+        rows.push(super::mcp::stdio_row(s, &fresh).await?);
+    }
     if wanted("files_10mib") {
         // 10 MiB in as an input file, read and written back as a produced file, interleaved
         // with an empty run so both see the same machine: the difference is what files cost.
@@ -370,14 +373,14 @@ fn runner(backend: WasmBackend, max_tool_calls: u32) -> Result<Runner, String> {
         .map_err(|e| e.to_string())
 }
 
-fn check(r: RunResult) -> Result<serde_json::Value, String> {
+pub(super) fn check(r: RunResult) -> Result<serde_json::Value, String> {
     match r.error {
         None => Ok(r.value),
         Some(e) => Err(format!("a benchmark run failed: {e}")),
     }
 }
 
-fn us(d: Duration) -> f64 {
+pub(super) fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
@@ -396,7 +399,7 @@ async fn latency(r: &Runner, code: &str, s: &Settings) -> Result<Summary, String
 }
 
 /// Waits out the idle time the settings ask for before a sample.
-async fn idle(s: &Settings) {
+pub(super) async fn idle(s: &Settings) {
     if !s.idle.is_zero() {
         tokio::time::sleep(s.idle).await;
     }
