@@ -285,3 +285,22 @@ fn format_in_unit(value: u128, unit: u128, fractional: bool) -> Option<String> {
 #[cfg(test)]
 #[path = "units_tests.rs"]
 mod tests;
+
+/// Serde for a [`Duration`] written as text with a unit (`"30s"`, `"500ms"`), as limits and
+/// server configs write them: `#[serde(with = "pycage_tools::units::duration_text")]`.
+pub mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes `d` as [`format_duration`](super::format_duration) does.
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::format_duration(*d))
+    }
+
+    /// Reads a duration as [`parse_duration`](super::parse_duration) does.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}

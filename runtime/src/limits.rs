@@ -181,13 +181,13 @@ impl Limits {
 #[serde(deny_unknown_fields, default)]
 #[allow(missing_docs)]
 pub struct LimitsBuilder {
-    #[serde(with = "serde_duration")]
+    #[serde(with = "pycage_tools::units::duration_text")]
     pub wall_timeout: Duration,
     pub memory_bytes: u64,
     pub max_output_bytes: u64,
     pub max_tool_calls: u32,
     pub fuel: Option<u64>,
-    #[serde(with = "serde_duration")]
+    #[serde(with = "pycage_tools::units::duration_text")]
     pub tool_timeout: Duration,
     pub max_tool_args_bytes: u64,
     pub max_tool_result_bytes: u64,
@@ -401,22 +401,6 @@ impl fmt::Display for LimitsError {
 }
 
 impl std::error::Error for LimitsError {}
-
-/// Durations in limits files are strings with a unit (`"30s"`, `"500ms"`).
-mod serde_duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&pycage_tools::units::format_duration(*d))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        pycage_tools::units::parse_duration(&text).map_err(serde::de::Error::custom)
-    }
-}
 
 #[cfg(test)]
 #[path = "limits_tests.rs"]

@@ -92,10 +92,10 @@ pub struct RunsConfig {
     /// The most runs at once, sessions' included (default 4).
     pub max_concurrent: usize,
     /// How long a call waits for a free slot before it fails as busy (default 5 s).
-    #[serde(with = "duration_text")]
+    #[serde(with = "pycage_tools::units::duration_text")]
     pub queue_timeout: Duration,
     /// How often a long run reports progress (default 1 s).
-    #[serde(with = "duration_text")]
+    #[serde(with = "pycage_tools::units::duration_text")]
     pub progress_interval: Duration,
 }
 
@@ -270,22 +270,6 @@ impl ServerConfig {
             ));
         }
         Ok(())
-    }
-}
-
-/// Durations as the limits write them (`"500ms"`, `"10s"`, `"2m"`).
-mod duration_text {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&pycage_tools::units::format_duration(*d))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        pycage_tools::units::parse_duration(&text).map_err(serde::de::Error::custom)
     }
 }
 
