@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::assert_kind;
+use common::{Gate, assert_kind};
 use pycage::{ErrorKind, InputFile, Limits, RunRequest, Runner, Session, ToolPolicy};
 use pycage_tools::ToolRegistry;
 use serde_json::json;
@@ -327,18 +327,30 @@ async fn a_tool_call_between_runs_reaches_no_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_run_while_one_runs_is_refused_as_busy() {
-    let Some(session) = session(Limits::default()).await else {
+    let Some(subject) = os_support::subject("bubblewrap") else {
         return;
     };
-    let session = Arc::new(session);
+    let gate = Gate::default();
+    let mut tools = ToolRegistry::with_builtins();
+    gate.register(&mut tools);
+    let runner = subject.runner(
+        tools,
+        ToolPolicy::new().namespace("gate"),
+        Limits::default(),
+    );
+    let session = Arc::new(runner.session().await.expect("the session opens"));
     let s = session.clone();
-    let slow = tokio::spawn(async move { s.run("import time\ntime.sleep(0.5)\nreturn 1").await });
-    while !session.is_busy() {
-        tokio::task::yield_now().await;
-    }
+    let slow = tokio::spawn(async move { s.run("return await wait()").await });
+    gate.arrived().await;
+    assert!(session.is_busy());
     let busy = session.run("return 2").await;
     assert_kind(&busy, ErrorKind::SessionBusy);
-    assert_eq!(slow.await.unwrap().value, json!(1));
+    gate.open();
+    let slow = tokio::time::timeout(Duration::from_secs(60), slow)
+        .await
+        .expect("the held run ends once the gate opens")
+        .unwrap();
+    assert_eq!(slow.value, json!(1), "{slow:#?}");
     assert_eq!(session.run("return 3").await.value, json!(3));
 }
 

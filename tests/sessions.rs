@@ -11,10 +11,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assert_kind, runner};
+use common::{Gate, assert_kind, runner};
 use pycage::{
     ErrorKind, InputFile, Limits, RunRequest, Runner, SessionConfig, SessionManager, ToolPolicy,
 };
+use pycage_tools::ToolRegistry;
 use serde_json::json;
 
 fn math() -> Runner {
@@ -222,15 +223,27 @@ async fn sessions_do_not_see_each_other_or_one_shot_runs() {
 
 #[tokio::test]
 async fn a_second_run_while_one_runs_is_refused_as_busy() {
-    let session = Arc::new(math().session().await.unwrap());
+    let gate = Gate::default();
+    let mut tools = ToolRegistry::with_builtins();
+    gate.register(&mut tools);
+    let runner = Runner::builder()
+        .tools(tools)
+        .policy(ToolPolicy::new().namespace("gate"))
+        .build()
+        .unwrap();
+    let session = Arc::new(runner.session().await.unwrap());
     let s = session.clone();
-    let slow = tokio::spawn(async move { s.run("import time\ntime.sleep(0.5)\nreturn 1").await });
-    while !session.is_busy() {
-        tokio::task::yield_now().await;
-    }
+    let slow = tokio::spawn(async move { s.run("return await wait()").await });
+    gate.arrived().await;
+    assert!(session.is_busy());
     let busy = session.run("return 2").await;
     assert_kind(&busy, ErrorKind::SessionBusy);
-    assert_eq!(slow.await.unwrap().value, json!(1));
+    gate.open();
+    let slow = tokio::time::timeout(Duration::from_secs(60), slow)
+        .await
+        .expect("the held run ends once the gate opens")
+        .unwrap();
+    assert_eq!(slow.value, json!(1), "{slow:#?}");
     assert_eq!(session.run("return 3").await.value, json!(3));
 }
 

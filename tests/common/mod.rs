@@ -100,3 +100,47 @@ pub fn assert_kind(result: &RunResult, kind: pycage::ErrorKind) {
 pub fn empty_vars() -> Map<String, Value> {
     Map::new()
 }
+
+/// A `gate.wait` tool that holds a run at a known point without timing: a guest's call
+/// (`await wait()`) says it has arrived, then returns `1` only once the test opens the
+/// gate. A test that waits for a run to be under way this way cannot miss it.
+#[derive(Clone, Default)]
+pub struct Gate {
+    arrived: Arc<tokio::sync::Notify>,
+    open: Arc<tokio::sync::Notify>,
+}
+
+impl Gate {
+    /// Registers `gate.wait` in `registry`.
+    pub fn register(&self, registry: &mut ToolRegistry) {
+        let gate = self.clone();
+        registry
+            .register_fn(
+                "gate",
+                "wait",
+                "returns once the test opens the gate",
+                json!({"type": "object"}),
+                move |_| {
+                    let gate = gate.clone();
+                    async move {
+                        gate.arrived.notify_one();
+                        gate.open.notified().await;
+                        Ok(json!(1))
+                    }
+                },
+            )
+            .unwrap();
+    }
+
+    /// Waits until a guest has called `gate.wait`, failing the test after a minute.
+    pub async fn arrived(&self) {
+        tokio::time::timeout(Duration::from_secs(60), self.arrived.notified())
+            .await
+            .expect("the run reached the gate within a minute");
+    }
+
+    /// Lets the waiting call return.
+    pub fn open(&self) {
+        self.open.notify_one();
+    }
+}
