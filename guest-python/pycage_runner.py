@@ -6,8 +6,10 @@ limits). This module only gives the code a pleasant shape:
 
 * the code is compiled with top-level ``await`` and a top-level ``return`` allowed; line numbers
   in tracebacks are the user's own;
-* each exposed tool is an ``async`` function in the code's globals, and ``call_tool(name,
-  **kwargs)`` calls any tool synchronously; a refused or failed call raises ``ToolError``;
+* each exposed tool is an ``async`` function in the code's globals (under its bare name when no
+  other tool shares it, and as an attribute of its namespace: ``await math.add(...)``), and
+  ``call_tool(name, **kwargs)`` calls any tool synchronously; a refused or failed call raises
+  ``ToolError``;
 * the return value crosses back as JSON, converted by the rule in ``to_json_value``.
 
 A transport (the wasm component, or a socket for the OS backends) supplies one function,
@@ -357,6 +359,17 @@ def _import_star(module, level):
         g[name] = getattr(mod, name)
 
 
+class ToolNamespace:
+    """The tools of one namespace as attributes: ``await fs.read_file(path=...)``."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __repr__(self):
+        names = ", ".join(sorted(k for k in vars(self) if not k.startswith("_")))
+        return f"<tools {self._name}: {names}>"
+
+
 def _make_tool_function(call, binding, qualified, description):
     async def tool(**kwargs):
         return invoke_tool(call, qualified, kwargs)
@@ -433,8 +446,20 @@ def make_globals(call, tools, variables):
 
     g["call_tool"] = call_tool
     g["ToolError"] = ToolError
+    spaces = {}
     for binding, qualified, description in tools:
-        g[binding] = _make_tool_function(call, binding, qualified, description)
+        namespace, _, name = qualified.partition(".")
+        function = _make_tool_function(call, binding or name, qualified, description)
+        if binding:
+            g[binding] = function
+        if namespace not in spaces:
+            spaces[namespace] = ToolNamespace(namespace)
+        setattr(spaces[namespace], name, function)
+    # A variable, a bare tool name or a built-in keeps its name; the namespace then stays
+    # reachable through `call_tool("namespace.name")`.
+    for namespace, space in spaces.items():
+        if namespace not in g and not hasattr(builtins, namespace):
+            g[namespace] = space
     g[STAR_IMPORT] = _import_star
     return g
 

@@ -151,6 +151,40 @@ async fn allowlist_without_add_never_executes_add() {
 }
 
 #[tokio::test]
+async fn tools_are_reachable_through_their_namespace_even_when_bare_names_clash() {
+    let spy = Spy::new();
+    let runner = Runner::builder()
+        .tools(spy.registry.clone())
+        .policy(ToolPolicy::new().allow("spy.add").allow("math.add"))
+        .build()
+        .unwrap();
+    // `add` is shared by two namespaces: no bare binding, both reachable as attributes.
+    let r = runner
+        .run(
+            "r = await math.add(a=2, b=3)\n\
+             s = await spy.add(a=1, b=1)\n\
+             return [r['sum'], s['sum'], 'add' in globals(), repr(math), hasattr(spy, 'secret')]",
+        )
+        .await;
+    assert!(r.ok, "{r:#?}");
+    assert_eq!(r.value, json!([5, 0, false, "<tools math: add>", false]));
+    assert_eq!((r.tool_calls, spy.calls()), (2, 1));
+    // A variable of the namespace's name wins; `call_tool` still reaches the tool.
+    let vars = serde_json::Map::from_iter([("math".to_owned(), json!(7))]);
+    let r = runner
+        .run_with(
+            "return [math, call_tool('math.add', a=1, b=2)['sum']]",
+            vars,
+            &Limits::default(),
+        )
+        .await;
+    assert_eq!(r.value, json!([7, 3]), "{r:#?}");
+    // `import math` rebinds the name to the module, as in any script.
+    let r = runner.run("import math\nreturn math.floor(2.5)").await;
+    assert_eq!(r.value, json!(2), "{r:#?}");
+}
+
+#[tokio::test]
 async fn tools_are_denied_by_default() {
     let r = runner(ToolPolicy::new(), Limits::default())
         .run("try:\n    call_tool('math.add', a=1, b=2)\nexcept ToolError as e:\n    return [e.kind, str(e)]")

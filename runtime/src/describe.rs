@@ -209,7 +209,8 @@ pub struct ToolSignature {
     /// The async function's name in the globals; `None` when the bare name is ambiguous and
     /// only `call_tool` reaches the tool.
     pub binding: Option<String>,
-    /// The Python signature: `async def add(*, a: float | str, b: float | str)`.
+    /// The Python signature: `async def add(*, a: float | str, b: float | str)` (named
+    /// `namespace.name` when the bare name is ambiguous).
     pub signature: String,
     /// The tool's one-line description.
     pub description: String,
@@ -231,7 +232,7 @@ impl Description {
             .bindings()
             .iter()
             .map(|b| {
-                let function = b.binding.as_deref().unwrap_or("call_tool");
+                let function = b.binding.as_deref().unwrap_or(&b.qualified);
                 ToolSignature {
                     qualified: b.qualified.clone(),
                     binding: b.binding.clone(),

@@ -248,11 +248,12 @@ async fn a_tool_without_a_bare_name_is_reached_through_call_tool() {
         .unwrap();
     let d = runner.description().await.unwrap();
     assert!(
-        d.text().contains("`call_tool(\"a.echo\", ...)`"),
+        d.text()
+            .contains("`await a.echo(...)` or `call_tool(\"a.echo\", ...)`"),
         "{}",
         d.text()
     );
-    assert_eq!(d.tools()[0].signature, "async def call_tool(**kwargs)");
+    assert_eq!(d.tools()[0].signature, "async def a.echo(**kwargs)");
 }
 
 #[tokio::test]

@@ -269,6 +269,22 @@ impl ExposedTools {
     }
 }
 
+/// The tools as the guest's run request carries them, `[binding, qualified, description]`
+/// each: the guest defines the async function `binding` (empty when the bare name is
+/// ambiguous) and the attribute `name` of its namespace's object.
+pub(crate) fn wire_bindings(tools: &[Binding]) -> Vec<[&str; 3]> {
+    tools
+        .iter()
+        .map(|b| {
+            [
+                b.binding.as_deref().unwrap_or(""),
+                b.qualified.as_str(),
+                b.description.as_str(),
+            ]
+        })
+        .collect()
+}
+
 #[cfg(test)]
 #[path = "policy_tests.rs"]
 mod tests;

@@ -187,8 +187,10 @@ fn tools(out: &mut String, tools: &[ToolSignature]) {
     }
     out.push_str(
         "Each tool is an `async` function in the code's globals: call it with keyword \
-         arguments and `await` it (`r = await name(arg=value)`). `call_tool(name, **kwargs)` \
-         calls a tool by its name or `namespace.name` without `await`. A tool returns JSON \
+         arguments and `await` it (`r = await name(arg=value)`), or through its namespace \
+         (`r = await namespace.name(arg=value)`; a variable or built-in of the namespace's \
+         name takes precedence). `call_tool(name, **kwargs)` calls a tool by its name or \
+         `namespace.name` without `await`. A tool returns JSON \
          (dicts, lists, strings, numbers); calls run one at a time. A refused or failed call \
          raises `ToolError`, whose `.kind` is `not-found`, `invalid-arguments`, `denied`, \
          `failed` or `limit-exceeded`.\n",
@@ -199,8 +201,8 @@ fn tools(out: &mut String, tools: &[ToolSignature]) {
         if tool.binding.is_none() {
             let _ = writeln!(
                 out,
-                "Its bare name is shared with another tool: call it as \
-                 `call_tool(\"{}\", ...)`.\n",
+                "Its bare name is shared with another tool: call it as `await {0}(...)` \
+                 or `call_tool(\"{0}\", ...)`.\n",
                 tool.qualified
             );
         }

@@ -17,7 +17,6 @@ use super::container::Container;
 use super::rlimits::MAX_PROCESSES;
 use super::token::{Token, random_hex};
 use crate::backend::Job;
-use crate::policy::Binding;
 use crate::{ErrorKind, RunError};
 
 /// The broker socket's file name inside a run directory.
@@ -148,7 +147,7 @@ pub(crate) fn session_request_json(job: &Job) -> String {
 fn request_value(job: &Job) -> Value {
     json!({
         "vars": Value::Object(job.vars.clone()),
-        "tools": bindings_for(&job.tools),
+        "tools": crate::policy::wire_bindings(&job.tools),
         "max_value_bytes": job.limits.max_value_bytes(),
     })
 }
@@ -204,14 +203,6 @@ pub(crate) fn guest_stdin(
     stdin.push(b'\n');
     stdin.extend_from_slice(job.code.as_bytes());
     stdin
-}
-
-/// The async functions the guest defines, as `[binding, qualified, description]`.
-fn bindings_for(tools: &[Binding]) -> Vec<[&str; 3]> {
-    tools
-        .iter()
-        .filter_map(|b| Some([b.binding.as_deref()?, &b.qualified, &b.description]))
-        .collect()
 }
 
 /// Runs a job's native guest in `sandbox`: off Unix, a `backend_error` saying why (these

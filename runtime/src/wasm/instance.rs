@@ -238,7 +238,7 @@ impl Fresh {
         };
         let mut request = serde_json::json!({
             "vars": Value::Object(std::mem::take(&mut job.vars)),
-            "tools": bindings_for(&job.tools),
+            "tools": crate::policy::wire_bindings(&job.tools),
             "max_value_bytes": limits.max_value_bytes(),
         });
         if session {
@@ -330,13 +330,4 @@ async fn until<F: Future>(deadline: Instant, run: F) -> Result<F::Output, Deadli
         Poll::Pending
     })
     .await
-}
-
-/// The async functions the guest defines, as `[binding, qualified, description]`: one per
-/// exposed tool with an unambiguous bare name.
-fn bindings_for(tools: &[crate::policy::Binding]) -> Vec<[&str; 3]> {
-    tools
-        .iter()
-        .filter_map(|b| Some([b.binding.as_deref()?, &b.qualified, &b.description]))
-        .collect()
 }
