@@ -25,7 +25,7 @@ pub async fn mcp(args: McpArgs) -> Exit {
     }
     let tool = match PythonTool::start(&config).await {
         Ok(tool) => tool,
-        Err(e @ (StartError::Config(_) | StartError::Sandbox(_))) => {
+        Err(e @ (StartError::Config(_) | StartError::Sandbox(_) | StartError::Upstream(_))) => {
             eprintln!("pycage: {e}");
             return Exit::Usage;
         }
@@ -126,6 +126,7 @@ fn config(args: &McpArgs) -> Result<ServerConfig, String> {
         .http
         .allowed_origins
         .extend(args.allowed_origins.iter().cloned());
+    config.upstream.extend(args.upstreams.iter().cloned());
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)
 }

@@ -22,6 +22,10 @@
 //! [runs]
 //! max_concurrent = 4
 //! queue_timeout = "5s"
+//!
+//! [[upstream]]        # code mode: another MCP server's tools as `fs.*` in the code
+//! name = "fs"
+//! command = ["npx", "-y", "@modelcontextprotocol/server-filesystem", "/srv/data"]
 //! ```
 //!
 //! Every table and key is optional; an unknown key is an error naming it.
@@ -57,6 +61,8 @@ pub struct ServerConfig {
     pub runs: RunsConfig,
     /// The streamable HTTP listener (`pycage mcp --listen`).
     pub http: HttpConfig,
+    /// Code mode: MCP servers whose tools the code may call (`[[upstream]]`).
+    pub upstream: Vec<crate::UpstreamConfig>,
 }
 
 impl Default for ServerConfig {
@@ -71,6 +77,7 @@ impl Default for ServerConfig {
             sessions: SessionConfig::default(),
             runs: RunsConfig::default(),
             http: HttpConfig::default(),
+            upstream: Vec::new(),
         }
     }
 }
@@ -201,6 +208,9 @@ impl ServerConfig {
                 *tool = base.join(&*tool);
             }
         }
+        for upstream in &mut config.upstream {
+            upstream.resolve_against(base);
+        }
         if let Some(token) = &mut config.http.token_file
             && token.is_relative()
         {
@@ -263,6 +273,16 @@ impl ServerConfig {
             return Err(ConfigError::Invalid(
                 "[http] max_body_bytes must be at least 1".into(),
             ));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for upstream in &self.upstream {
+            upstream.validate().map_err(ConfigError::Invalid)?;
+            if !names.insert(upstream.name.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "upstream `{}` is configured twice",
+                    upstream.name
+                )));
+            }
         }
         if self.runs.max_concurrent == 0 {
             return Err(ConfigError::Invalid(

@@ -125,3 +125,46 @@ fn listening_beyond_loopback_needs_a_token() {
     local.validate().unwrap();
     assert!(ServerConfig::from_toml("[http]\nlisten = \"nowhere\"").is_err());
 }
+
+#[test]
+fn upstream_tables_read_resolve_against_the_file_and_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pycage.toml");
+    std::fs::write(
+        &path,
+        r#"
+        [[upstream]]
+        name = "fs"
+        command = ["./bin/fs-server", "--root", "data"]
+        env = { LOG = "debug" }
+        timeout = "5s"
+        max_restarts = 1
+
+        [[upstream]]
+        name = "web"
+        command = ["npx", "-y", "some-server"]
+        "#,
+    )
+    .unwrap();
+    let config = ServerConfig::from_file(&path).unwrap();
+    config.validate().unwrap();
+    let [fs, web] = &config.upstream[..] else {
+        panic!("{:?}", config.upstream)
+    };
+    let program = dir.path().join("./bin/fs-server");
+    assert_eq!(fs.command[0], program.to_string_lossy());
+    assert_eq!(fs.command[1..], ["--root", "data"]);
+    assert_eq!(fs.env["LOG"], "debug");
+    assert_eq!(fs.timeout, Duration::from_secs(5));
+    assert_eq!(fs.max_restarts, 1);
+    assert_eq!(web.command[0], "npx");
+    assert_eq!(web.timeout, Duration::from_secs(60));
+
+    let twice = "[[upstream]]\nname = \"a\"\ncommand = [\"x\"]\n\
+                 [[upstream]]\nname = \"a\"\ncommand = [\"y\"]\n";
+    let e = ServerConfig::from_toml(twice).unwrap().validate().unwrap_err();
+    assert!(e.to_string().contains("`a` is configured twice"), "{e}");
+    let bad = "[[upstream]]\nname = \"a-b\"\ncommand = [\"x\"]\n";
+    let e = ServerConfig::from_toml(bad).unwrap().validate().unwrap_err();
+    assert!(e.to_string().contains("identifier"), "{e}");
+}

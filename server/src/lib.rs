@@ -12,6 +12,8 @@ pub mod mcp;
 pub mod python;
 mod sandbox;
 pub mod schema;
+pub mod upstream;
 
 pub use config::{ConfigError, HttpConfig, PolicyConfig, RunsConfig, ServerConfig};
 pub use python::{Progress, PythonTool, StartError, ToolOutput};
+pub use upstream::{Upstream, UpstreamConfig, UpstreamError};

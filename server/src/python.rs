@@ -35,6 +35,8 @@ pub enum StartError {
     Sandbox(String),
     /// The sandbox could not be described (its probe run failed).
     Describe(pycage::DescribeError),
+    /// An upstream MCP server could not be started or listed.
+    Upstream(crate::UpstreamError),
 }
 
 impl std::fmt::Display for StartError {
@@ -43,6 +45,7 @@ impl std::fmt::Display for StartError {
             StartError::Config(e) => e.fmt(f),
             StartError::Sandbox(why) => f.write_str(why),
             StartError::Describe(e) => write!(f, "the sandbox could not be described: {e}"),
+            StartError::Upstream(e) => e.fmt(f),
         }
     }
 }
@@ -99,7 +102,19 @@ impl PythonTool {
     pub async fn start(config: &ServerConfig) -> Result<Self, StartError> {
         config.validate().map_err(StartError::Config)?;
         let (limits, maxima) = config.resolved_limits().map_err(StartError::Config)?;
-        let runner = crate::sandbox::runner(config, limits).map_err(StartError::Sandbox)?;
+        let mut tools = crate::sandbox::tools(config).map_err(StartError::Sandbox)?;
+        for upstream in &config.upstream {
+            if tools.iter().any(|t| t.namespace() == upstream.name) {
+                return Err(StartError::Sandbox(format!(
+                    "upstream `{0}`: the namespace `{0}` is taken by other tools",
+                    upstream.name
+                )));
+            }
+            crate::Upstream::connect(upstream.clone(), &mut tools)
+                .await
+                .map_err(StartError::Upstream)?;
+        }
+        let runner = crate::sandbox::runner(config, tools, limits).map_err(StartError::Sandbox)?;
         Self::with_runner(runner, config, maxima).await
     }
 

@@ -6,9 +6,8 @@ use pycage_tools::ToolRegistry;
 
 use crate::config::ServerConfig;
 
-/// The runner `config` describes, with `limits` as each run's defaults. `Err` says what is
-/// unusable (a backend, a tools file, the policy, a backend without isolation not accepted).
-pub fn runner(config: &ServerConfig, limits: Limits) -> Result<Runner, String> {
+/// The built-in tools and those of `config`'s tools files. `Err` names the file and why.
+pub fn tools(config: &ServerConfig) -> Result<ToolRegistry, String> {
     let mut tools = ToolRegistry::with_builtins();
     for path in &config.tools {
         let loaded = pycage_tools::command::load_file(path).map_err(|e| e.to_string())?;
@@ -16,6 +15,16 @@ pub fn runner(config: &ServerConfig, limits: Limits) -> Result<Runner, String> {
             .extend(loaded)
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
+    Ok(tools)
+}
+
+/// The runner `config` describes over `tools`, with `limits` as each run's defaults. `Err`
+/// says what is unusable (a backend, the policy, a backend without isolation not accepted).
+pub fn runner(
+    config: &ServerConfig,
+    tools: ToolRegistry,
+    limits: Limits,
+) -> Result<Runner, String> {
     let policy = ToolPolicy {
         namespace: config.policy.namespace.clone(),
         allow: config.policy.allow.clone(),

@@ -1,0 +1,220 @@
+//! Code mode against a real upstream MCP server process (`examples/upstream_fixture.rs`, an
+//! rmcp server on stdio): its tools are async functions under the upstream's name, each call
+//! passes the broker (allowlist, the ceiling shared with built-in tools), and an upstream
+//! that crashes, hangs or answers garbage fails that call and is started again on the next.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use pycage_server::{PythonTool, ServerConfig, StartError};
+use serde_json::{Value, json};
+
+/// The fixture's binary, built (once per test process) by the cargo running these tests, so
+/// it is current even when only this test target was asked for.
+fn fixture() -> &'static PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let profile_dir = exe.parent().unwrap().parent().unwrap();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = std::process::Command::new(cargo);
+        build.args([
+            "build",
+            "-p",
+            "pycage-server",
+            "--example",
+            "upstream_fixture",
+        ]);
+        if profile_dir.ends_with("release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("cargo runs");
+        assert!(status.success(), "the upstream fixture builds");
+        let path = profile_dir.join("examples").join("upstream_fixture");
+        assert!(path.exists(), "{} exists", path.display());
+        path
+    })
+}
+
+/// A config with the fixture as upstream `fx`, allowing `allow`, with `extra` TOML (keys of
+/// the top level first, then tables).
+fn config(allow: &[&str], upstream_extra: &str, extra: &str) -> String {
+    format!(
+        "{extra}\n[policy]\nallow = {allow:?}\n\n[[upstream]]\nname = \"fx\"\ncommand = [{:?}]\n{upstream_extra}\n",
+        fixture().display().to_string()
+    )
+}
+
+async fn start(toml: &str) -> PythonTool {
+    let config = ServerConfig::from_toml(toml).unwrap();
+    PythonTool::start(&config).await.unwrap()
+}
+
+/// Runs `code`; the structured result.
+async fn run(tool: &PythonTool, code: &str) -> Value {
+    tool.run(&json!({ "code": code }), |_| async {})
+        .await
+        .structured
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_tools_are_async_functions_under_the_upstream_name() {
+    let tool = start(&config(
+        &["fx.add", "fx.echo", "fx.get_sum", "fx.fail"],
+        "",
+        "",
+    ))
+    .await;
+    let text = tool.text();
+    assert!(text.contains("### `fx.add`"), "{text}");
+    assert!(text.contains("async def get_sum(*, a: int"), "{text}");
+    let r = run(
+        &tool,
+        "a = await fx.add(a=1, b=2)\n\
+         e = await fx.echo(text='hi')\n\
+         g = await fx.get_sum(a=2, b=2)\n\
+         c = call_tool('fx.add', a=5, b=5)\n\
+         try:\n    await fx.fail(message='no such file')\n    f = None\n\
+         except ToolError as x:\n    f = [x.kind, str(x)]\n\
+         return [a, e, g, c, f]",
+    )
+    .await;
+    assert_eq!(
+        r["value"],
+        json!([{"sum": 3}, "hi", {"sum": 4}, {"sum": 10}, ["failed", "no such file"]]),
+        "{r:#}"
+    );
+    assert_eq!(r["tool_calls"], 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_tool_outside_the_allowlist_is_refused_and_never_called() {
+    let tool = start(&config(&["fx.add", "fx.calls"], "", "")).await;
+    assert!(!tool.text().contains("fx.secret"), "{}", tool.text());
+    let r = run(
+        &tool,
+        "out = [hasattr(fx, 'secret')]\n\
+         for name in ['fx.secret', 'secret', 'FX.secret', 'fx.secret ']:\n    \
+             try:\n        call_tool(name)\n    except ToolError as e:\n        out.append(e.kind)\n\
+         out.append(await fx.calls())\n\
+         return out",
+    )
+    .await;
+    assert_eq!(
+        r["value"],
+        json!([false, "not-found", "not-found", "not-found", "not-found", {"calls": 1}]),
+        "{r:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_call_ceiling_counts_upstream_and_built_in_calls_together() {
+    let tool = start(&config(
+        &["fx.add", "math.add"],
+        "",
+        "[limits]\nmax_tool_calls = 3\n",
+    ))
+    .await;
+    let r = run(
+        &tool,
+        "out = []\n\
+         for f in [math.add, fx.add, math.add, fx.add]:\n    \
+             try:\n        await f(a=1, b=1)\n        out.append('ok')\n    \
+             except ToolError as e:\n        out.append(e.kind)\n\
+         return out",
+    )
+    .await;
+    assert_eq!(
+        r["value"],
+        json!(["ok", "ok", "ok", "limit-exceeded"]),
+        "{r:#}"
+    );
+    assert_eq!(r["tool_calls"], 3);
+}
+
+/// Runs `breaker` (a tool call that breaks the upstream), then checks the next run's call
+/// reaches a new upstream process.
+async fn breaks_then_recovers(tool: &PythonTool, breaker: &str, message: &str) {
+    let r = run(
+        tool,
+        &format!(
+            "try:\n    await {breaker}\n    return 'answered'\nexcept ToolError as e:\n    \
+             return [e.kind, str(e)]"
+        ),
+    )
+    .await;
+    assert_eq!(r["value"][0], "failed", "{breaker}: {r:#}");
+    let said = r["value"][1].as_str().unwrap();
+    assert!(said.contains("upstream `fx`"), "{breaker}: {said}");
+    assert!(said.contains(message), "{breaker}: {said}");
+    assert!(said.contains("started again"), "{breaker}: {said}");
+    let r = run(
+        tool,
+        "a = await fx.add(a=1, b=1)\nreturn [a, await fx.calls()]",
+    )
+    .await;
+    assert_eq!(
+        r["value"],
+        json!([{"sum": 2}, {"add": 1, "calls": 1}]),
+        "after {breaker}, a new upstream process answers: {r:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_crashes_mid_call_fails_it_and_is_started_again() {
+    let tool = start(&config(&["fx.add", "fx.calls", "fx.crash"], "", "")).await;
+    breaks_then_recovers(&tool, "fx.crash()", "the call failed").await;
+    // Twice: the restarted upstream is itself restarted.
+    breaks_then_recovers(&tool, "fx.crash()", "the call failed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_hangs_fails_the_call_at_its_timeout_and_is_started_again() {
+    let tool = start(&config(
+        &["fx.add", "fx.calls", "fx.hang"],
+        "timeout = \"1s\"",
+        "",
+    ))
+    .await;
+    breaks_then_recovers(&tool, "fx.hang()", "no answer within 1s").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_answers_garbage_fails_the_call_and_is_started_again() {
+    let tool = start(&config(
+        &["fx.add", "fx.calls", "fx.garbage"],
+        "timeout = \"2s\"",
+        "",
+    ))
+    .await;
+    // rmcp's client skips lines that are not JSON-RPC, so the call ends at the timeout.
+    breaks_then_recovers(&tool, "fx.garbage()", "").await;
+}
+
+#[tokio::test]
+async fn an_upstream_that_does_not_start_or_takes_a_namespace_is_a_start_error() {
+    let toml = "[[upstream]]\nname = \"fx\"\ncommand = [\"/nonexistent/upstream\"]\n";
+    let config = ServerConfig::from_toml(toml).unwrap();
+    let e = PythonTool::start(&config).await.unwrap_err();
+    assert!(matches!(e, StartError::Upstream(_)), "{e}");
+    let said = e.to_string();
+    assert!(
+        said.contains("upstream `fx`") && said.contains("/nonexistent/upstream"),
+        "{said}"
+    );
+    let toml = format!(
+        "[[upstream]]\nname = \"math\"\ncommand = [{:?}]\n",
+        fixture().display().to_string()
+    );
+    let config = ServerConfig::from_toml(&toml).unwrap();
+    let e = PythonTool::start(&config).await.unwrap_err();
+    assert!(e.to_string().contains("namespace `math` is taken"), "{e}");
+    let toml = "[[upstream]]\nname = \"fx\"\ncommand = [\"x\"]\nport = 3\n";
+    let e = ServerConfig::from_toml(toml).unwrap_err();
+    assert!(e.contains("port"), "{e}");
+}
