@@ -162,9 +162,15 @@ fn upstream_tables_read_resolve_against_the_file_and_are_checked() {
 
     let twice = "[[upstream]]\nname = \"a\"\ncommand = [\"x\"]\n\
                  [[upstream]]\nname = \"a\"\ncommand = [\"y\"]\n";
-    let e = ServerConfig::from_toml(twice).unwrap().validate().unwrap_err();
+    let e = ServerConfig::from_toml(twice)
+        .unwrap()
+        .validate()
+        .unwrap_err();
     assert!(e.to_string().contains("`a` is configured twice"), "{e}");
     let bad = "[[upstream]]\nname = \"a-b\"\ncommand = [\"x\"]\n";
-    let e = ServerConfig::from_toml(bad).unwrap().validate().unwrap_err();
+    let e = ServerConfig::from_toml(bad)
+        .unwrap()
+        .validate()
+        .unwrap_err();
     assert!(e.to_string().contains("identifier"), "{e}");
 }
