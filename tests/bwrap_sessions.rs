@@ -338,20 +338,8 @@ async fn a_second_run_while_one_runs_is_refused_as_busy() {
         ToolPolicy::new().namespace("gate"),
         Limits::default(),
     );
-    let session = Arc::new(runner.session().await.expect("the session opens"));
-    let s = session.clone();
-    let slow = tokio::spawn(async move { s.run("return await wait()").await });
-    gate.arrived().await;
-    assert!(session.is_busy());
-    let busy = session.run("return 2").await;
-    assert_kind(&busy, ErrorKind::SessionBusy);
-    gate.open();
-    let slow = tokio::time::timeout(Duration::from_secs(60), slow)
-        .await
-        .expect("the held run ends once the gate opens")
-        .unwrap();
-    assert_eq!(slow.value, json!(1), "{slow:#?}");
-    assert_eq!(session.run("return 3").await.value, json!(3));
+    let session = runner.session().await.expect("the session opens");
+    common::a_second_run_is_refused_while_one_is_held(session, &gate).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

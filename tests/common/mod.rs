@@ -144,3 +144,23 @@ impl Gate {
         self.open.notify_one();
     }
 }
+
+/// Holds one run of `session` at `gate` (registered in its runner, `gate.*` allowed) and
+/// checks that a second run meanwhile is refused as busy, that the held run ends with its
+/// value once the gate opens, and that the session then serves the next run.
+pub async fn a_second_run_is_refused_while_one_is_held(session: pycage::Session, gate: &Gate) {
+    let session = Arc::new(session);
+    let s = session.clone();
+    let slow = tokio::spawn(async move { s.run("return await wait()").await });
+    gate.arrived().await;
+    assert!(session.is_busy());
+    let busy = session.run("return 2").await;
+    assert_kind(&busy, pycage::ErrorKind::SessionBusy);
+    gate.open();
+    let slow = tokio::time::timeout(Duration::from_secs(60), slow)
+        .await
+        .expect("the held run ends once the gate opens")
+        .unwrap();
+    assert_eq!(slow.value, json!(1), "{slow:#?}");
+    assert_eq!(session.run("return 3").await.value, json!(3));
+}
