@@ -134,6 +134,39 @@ fn the_official_python_sdk_drives_pycage_mcp() {
     interop(&python, &args);
 }
 
+/// The MCP project's reference server from npm (`scripts/setup` installs it), or `None` (the
+/// test skips, or fails in CI).
+fn reference_upstream() -> Option<PathBuf> {
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/interop-node/node_modules/.bin/mcp-server-everything");
+    if bin.exists() {
+        return Some(bin);
+    }
+    os_support::skip("target/interop-node is missing (scripts/setup makes it)");
+    None
+}
+
+#[test]
+fn code_mode_over_the_reference_upstream_server_through_the_official_python_sdk() {
+    let (Some(python), Some(upstream)) = (interop_python(), reference_upstream()) else {
+        return;
+    };
+    // Quoted for the flag's shell-style split, in case the checkout's path has a space.
+    let upstream = format!("everything='{}' stdio", upstream.display());
+    let args = [
+        "--code-mode",
+        "--",
+        env!("CARGO_BIN_EXE_pycage"),
+        "mcp",
+        "--upstream",
+        &upstream,
+        "--namespace",
+        "everything",
+    ];
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    interop(&python, &args);
+}
+
 /// Kills the server when the test ends, however it ends.
 struct Server(std::process::Child);
 

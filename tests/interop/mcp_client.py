@@ -2,6 +2,7 @@
 
     python mcp_client.py -- <server command...>
     python mcp_client.py --http URL [--token-file FILE]
+    python mcp_client.py --code-mode -- <server command...>
 
 The first launches the server as a child speaking MCP on stdio through the SDK's `stdio_client`;
 the second connects to a running `pycage mcp --listen` at URL (`http://127.0.0.1:PORT/mcp`)
@@ -18,6 +19,12 @@ client the SDK itself uses), each an `initialize` POST whose status it asserts: 
 wrong token are refused with 401 (only with --token-file), a foreign `Host` and a foreign
 `Origin` with 403, a loopback `Origin` is served (200), and a body of 2 MiB with 413 (the server
 is expected to run with `[http] max_body_bytes` at 1 MiB, or anything under 2 MiB).
+
+In code mode the server is expected to run with the MCP project's reference server
+(`@modelcontextprotocol/server-everything`, stdio) as `--upstream everything=...` and
+`--namespace everything`: the checks read the upstream's tools as Python signatures in the
+`run_python` description, then run one piece of code that chains many upstream calls with logic
+between them, and see a refused upstream call come back to the code as a `ToolError`.
 
 It prints one line per check and exits 1 with a message at the first failure (2 on bad usage).
 The server is expected to be started with `--allow add`; with `--max-concurrent 1` the
@@ -54,7 +61,20 @@ PROMPT_SECONDS = 10.0
 # expected to run with.
 OVERSIZED_BODY_BYTES = 2 * 1024 * 1024
 USAGE = "usage: python mcp_client.py -- <server command...>\n" \
-        "       python mcp_client.py --http URL [--token-file FILE]"
+        "       python mcp_client.py --http URL [--token-file FILE]\n" \
+        "       python mcp_client.py --code-mode -- <server command...>"
+# Code mode: one run that chains upstream calls, with logic between them, that a model would
+# otherwise make one round trip at a time. `get_sum` answers in text ("The sum of 2 and 3 is
+# 5."), `get_structured_content` with structured content (a dict in the code).
+CHAIN = (
+    "total = 0\n"
+    "for i in range(1, 6):\n"
+    "    said = await everything.get_sum(a=total, b=i)\n"
+    "    total = int(said.rstrip('.').rsplit(' ', 1)[1])\n"
+    "echo = await everything.echo(message=f'total {total}')\n"
+    "weather = await everything.get_structured_content(location='Chicago')\n"
+    "return {'total': total, 'echo': echo, 'keys': sorted(weather)}"
+)
 
 
 class CheckFailed(Exception):
@@ -226,6 +246,47 @@ async def check_cancel(session: ClientSession) -> None:
 CHECKS = (check_listing, check_seed, check_timeout, check_session, check_files, check_progress, check_cancel)
 
 
+async def check_upstream_listing(session: ClientSession) -> None:
+    name = "code mode: description"
+    listed = await session.list_tools()
+    tools = {t.name: t for t in listed.tools}
+    expect("run_python" in tools, name, f"no run_python among {sorted(tools)}")
+    description = tools["run_python"].description or ""
+    for needle in ("everything.get_sum", "async def get_sum(*, a: float, b: float)", "everything.echo"):
+        expect(needle in description, name, f"no {needle!r} in the description")
+    ok(name, "lists the upstream's tools as Python signatures")
+
+
+async def check_upstream_chain(session: ClientSession) -> None:
+    name = "code mode: chained upstream calls"
+    s = await run_ok(session, name, {"code": CHAIN})
+    value, calls = s.get("value"), s.get("tool_calls")
+    want = {"total": 15, "echo": "Echo: total 15", "keys": ["conditions", "humidity", "temperature"]}
+    expect(value == want, name, f"value is {value!r}, not {want!r}")
+    expect(calls == 7, name, f"tool_calls is {calls!r}, not 7")
+    ok(name, "7 upstream calls in one run_python call: total 15, echo and structured content")
+
+
+async def check_upstream_error(session: ClientSession) -> None:
+    name = "code mode: refused upstream call"
+    # A required argument missing: the upstream refuses the call; the code sees a ToolError.
+    code = (
+        "try:\n"
+        "    await everything.get_sum(a=1)\n"
+        "except ToolError as e:\n"
+        "    return e.kind\n"
+        "return 'no error'"
+    )
+    s = await run_ok(session, name, {"code": code})
+    expect(s.get("value") == "failed", name, f"value is {s.get('value')!r}, not 'failed': {s!r}")
+    s = await run_ok(session, name, {"code": "return await everything.echo(message='still here')"})
+    expect(s.get("value") == "Echo: still here", name, f"the next call gave {s!r}")
+    ok(name, "a ToolError in the code, and the upstream still serves")
+
+
+CODE_MODE_CHECKS = (check_upstream_listing, check_upstream_chain, check_upstream_error)
+
+
 class StrayWatch:
     """What the transport could not deliver as a message reaches the session's message handler as
     an exception (over stdio: a stray non-protocol line on the server's stdout; over HTTP: a body
@@ -244,19 +305,19 @@ class StrayWatch:
             raise CheckFailed(f"protocol stream: after {after}, {self.what}: {self.stray[0]!r}")
 
 
-async def run_checks(session: ClientSession, watch: StrayWatch) -> None:
+async def run_checks(session: ClientSession, watch: StrayWatch, checks: tuple = CHECKS) -> None:
     with anyio.fail_after(CALL_TIMEOUT):
         init = await session.initialize()
     watch.clean("initialize")
     expect(init.protocol_version not in ("2024-11-05", "2025-03-26"), "initialize",
            f"protocol {init.protocol_version} predates structuredContent and outputSchema (2025-06-18)")
     ok("initialize", f"{init.server_info.name} {init.server_info.version}, protocol {init.protocol_version}")
-    for check in CHECKS:
+    for check in checks:
         await check(session)
         watch.clean(check.__name__)
 
 
-async def main_stdio(command: list[str]) -> None:
+async def main_stdio(command: list[str], checks: tuple = CHECKS) -> None:
     # The server gets this process's whole environment (the SDK's default passes only a few
     # variables), so it finds the same caches and settings as the test that runs it.
     params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
@@ -265,7 +326,7 @@ async def main_stdio(command: list[str]) -> None:
         stdio_client(params) as (read, write),
         ClientSession(read, write, message_handler=watch.on_message) as session,
     ):
-        await run_checks(session, watch)
+        await run_checks(session, watch, checks)
 
 
 def http_timeout() -> httpx2.Timeout:
@@ -347,7 +408,13 @@ async def check_http_guard(url: str, token: str | None) -> None:
 
 
 def parse(args: list[str]) -> tuple[str, Any] | None:
-    """("stdio", command) or ("http", (url, token)); None on bad usage (reported on stderr)."""
+    """("stdio", command), ("code-mode", command) or ("http", (url, token)); None on bad usage
+    (reported on stderr)."""
+    if args[:1] == ["--code-mode"]:
+        args = args[1:]
+        if args[:1] == ["--"]:
+            args = args[1:]
+        return ("code-mode", args) if args else None
     if args[:1] not in (["--http"], ["--token-file"]):
         if args[:1] == ["--"]:
             args = args[1:]
@@ -385,6 +452,8 @@ def entry() -> int:
     try:
         if mode == "stdio":
             anyio.run(main_stdio, how)
+        elif mode == "code-mode":
+            anyio.run(main_stdio, how, CODE_MODE_CHECKS)
         else:
             anyio.run(main_http, *how)
     except CheckFailed as e:
