@@ -161,10 +161,11 @@ pub struct McpArgs {
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     pub allowed_origins: Vec<String>,
 
-    /// Code mode: start the MCP server COMMAND (split like a shell, none run) and let the
-    /// code call its tools as `NAME.tool(...)`, each allowed like any tool (`--allow
-    /// NAME.tool` or `--namespace NAME`). Repeatable; adds to the file's [[upstream]].
-    #[arg(long = "upstream", value_name = "NAME='COMMAND ARGS'", value_parser = pycage_server::UpstreamConfig::parse_flag)]
+    /// Code mode: start the MCP server COMMAND (split like a shell, none run), or connect to
+    /// one at an `http://` URL (streamable HTTP), and let the code call its tools as
+    /// `NAME.tool(...)`, each allowed like any tool (`--allow NAME.tool` or `--namespace
+    /// NAME`). Repeatable; adds to the file's [[upstream]].
+    #[arg(long = "upstream", value_name = "NAME='COMMAND ARGS'|NAME=URL", value_parser = pycage_server::UpstreamConfig::parse_flag)]
     pub upstreams: Vec<pycage_server::UpstreamConfig>,
 }
 

@@ -11,8 +11,13 @@
 //! - `hang()`: never answers;
 //! - `garbage()`: writes a line that is not JSON-RPC to stdout, then never answers.
 //!
+//! With `--http ADDR` it serves the same tools over streamable HTTP at `http://ADDR/mcp`
+//! instead (port 0 picks one), printing `listening URL` on stdout first; `crash()` then ends
+//! the whole server.
+//!
 //! ```sh
 //! cargo run -p pycage-server --example upstream_fixture
+//! cargo run -p pycage-server --example upstream_fixture -- --http 127.0.0.1:0
 //! ```
 #![allow(clippy::print_stdout, reason = "garbage() writes to stdout on purpose")]
 
@@ -135,7 +140,32 @@ impl ServerHandler for Fixture {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let running = Fixture::default().serve(rmcp::transport::stdio()).await?;
-    running.waiting().await?;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [] => {
+            let running = Fixture::default().serve(rmcp::transport::stdio()).await?;
+            running.waiting().await?;
+        }
+        [flag, addr] if flag == "--http" => serve_http(addr).await?,
+        _ => return Err("usage: upstream_fixture [--http ADDR]".into()),
+    }
+    Ok(())
+}
+
+async fn serve_http(addr: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+
+    let fixture = Fixture::default();
+    let service = StreamableHttpService::new(
+        move || Ok(fixture.clone()),
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    );
+    let app = axum::Router::new().nest_service("/mcp", service);
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    println!("listening http://{}/mcp", listener.local_addr()?);
+    std::io::stdout().flush()?;
+    axum::serve(listener, app).await?;
     Ok(())
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use pycage_tools::{Args, Tool, ToolError, ToolFuture, ToolRegistry, is_valid_name};
 use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock};
 use rmcp::service::{RunningService, ServiceError};
-use rmcp::transport::TokioChildProcess;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{Peer, RoleClient, ServiceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -34,6 +34,10 @@ use serde_json::Value;
 /// name = "fs"
 /// command = ["npx", "-y", "@modelcontextprotocol/server-filesystem", "/srv/data"]
 /// timeout = "30s"
+///
+/// [[upstream]]
+/// name = "search"
+/// url = "http://127.0.0.1:9000/mcp"   # a running server, over streamable HTTP
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -42,9 +46,16 @@ pub struct UpstreamConfig {
     pub name: String,
     /// The program and its arguments, started as a child speaking MCP on stdio. A relative
     /// program path holding a `/` is resolved against the config file's directory; a bare
-    /// name is looked up on `PATH`.
+    /// name is looked up on `PATH`. Either this or `url`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
-    /// Variables added to the child's environment (it inherits pycage's).
+    /// The endpoint of a running server speaking streamable HTTP (`http://host:port/mcp`).
+    /// Either this or `command`. Only `http`: this build has no TLS client, so an `https`
+    /// URL is refused when the configuration is read (a local TLS-terminating proxy, or the
+    /// server started as a `command`, are the ways to such a server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Variables added to the child's environment (it inherits pycage's); with `command`.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// How long one call (or the start) may take before the upstream counts as hung
@@ -74,13 +85,24 @@ impl UpstreamConfig {
         UpstreamConfig {
             name: name.into(),
             command,
+            url: None,
             env: BTreeMap::new(),
             timeout: default_timeout(),
             max_restarts: default_max_restarts(),
         }
     }
 
-    /// Parses `NAME=COMMAND ARGS...` (the `--upstream` flag): the command is split as a
+    /// An upstream reached at `url` over streamable HTTP, with the default timeout and
+    /// restarts.
+    pub fn url(name: impl Into<String>, url: impl Into<String>) -> Self {
+        UpstreamConfig {
+            url: Some(url.into()),
+            ..Self::command(name, Vec::new())
+        }
+    }
+
+    /// Parses `NAME=URL` for an `http://` or `https://` value, else `NAME=COMMAND ARGS...`
+    /// (the `--upstream` flag): the command is split as a
     /// POSIX shell would split it, without running a shell.
     ///
     /// # Errors
@@ -90,8 +112,13 @@ impl UpstreamConfig {
         let (name, command) = flag
             .split_once('=')
             .ok_or_else(|| format!("`{flag}`: expected NAME='COMMAND ARGS...'"))?;
-        let words = shell_words::split(command).map_err(|e| format!("`{flag}`: {e}"))?;
-        let config = Self::command(name.trim(), words);
+        let value = command.trim();
+        let config = if value.starts_with("http://") || value.starts_with("https://") {
+            Self::url(name.trim(), value)
+        } else {
+            let words = shell_words::split(command).map_err(|e| format!("`{flag}`: {e}"))?;
+            Self::command(name.trim(), words)
+        };
         config.validate()?;
         Ok(config)
     }
@@ -109,8 +136,30 @@ impl UpstreamConfig {
                 self.name
             ));
         }
-        if self.command.first().is_none_or(String::is_empty) {
-            return Err(format!("upstream `{}`: the command is empty", self.name));
+        match (&self.url, self.command.is_empty()) {
+            (Some(_), false) => {
+                return Err(format!(
+                    "upstream `{}`: give either `command` or `url`, not both",
+                    self.name
+                ));
+            }
+            (Some(url), true) => {
+                check_url(url).map_err(|e| format!("upstream `{}`: {e}", self.name))?
+            }
+            (None, _) => {
+                if self.command.first().is_none_or(String::is_empty) {
+                    return Err(format!(
+                        "upstream `{}`: the command is empty (give `command` or `url`)",
+                        self.name
+                    ));
+                }
+            }
+        }
+        if self.url.is_some() && !self.env.is_empty() {
+            return Err(format!(
+                "upstream `{}`: `env` is for a `command`; a `url` upstream runs elsewhere",
+                self.name
+            ));
         }
         if self.timeout.is_zero() {
             return Err(format!("upstream `{}`: timeout must be above 0", self.name));
@@ -127,6 +176,27 @@ impl UpstreamConfig {
             *program = base.join(program.as_str()).to_string_lossy().into_owned();
         }
     }
+}
+
+/// Checks a `url` upstream's endpoint: `http://` with a host.
+fn check_url(url: &str) -> Result<(), String> {
+    let uri: axum::http::Uri = url
+        .parse()
+        .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(format!(
+                "`{url}`: https is not supported (this build has no TLS client); reach the \
+                 server through a local proxy, or start it as a `command`"
+            ));
+        }
+        _ => return Err(format!("`{url}`: the URL must start with http://")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("`{url}`: the URL has no host"));
+    }
+    Ok(())
 }
 
 /// Why an upstream could not be used at start.
@@ -316,8 +386,20 @@ impl Upstream {
     }
 }
 
-/// Starts the child and completes the MCP handshake within the upstream's timeout.
+/// Starts the child, or connects to the URL, and completes the MCP handshake within the
+/// upstream's timeout.
 async fn start(config: &UpstreamConfig) -> Result<Client, String> {
+    if let Some(url) = &config.url {
+        let transport = StreamableHttpClientTransport::from_uri(url.as_str());
+        return match tokio::time::timeout(config.timeout, ().serve(transport)).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e)) => Err(format!("the MCP handshake with {url} failed: {e}")),
+            Err(_) => Err(format!(
+                "the MCP handshake with {url} took over {:?}",
+                config.timeout
+            )),
+        };
+    }
     let mut command = tokio::process::Command::new(&config.command[0]);
     command.args(&config.command[1..]).envs(&config.env);
     let (transport, _) = TokioChildProcess::builder(command)

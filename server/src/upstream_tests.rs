@@ -37,6 +37,29 @@ fn a_flag_splits_like_a_shell_without_running_one() {
 }
 
 #[test]
+fn a_url_upstream_is_http_with_a_host_and_nothing_of_a_command() {
+    let c = UpstreamConfig::parse_flag("search= http://127.0.0.1:9000/mcp").unwrap();
+    assert_eq!(c.url.as_deref(), Some("http://127.0.0.1:9000/mcp"));
+    assert!(c.command.is_empty());
+    let refused = |toml: &str| {
+        let c: UpstreamConfig = toml::from_str(toml).unwrap();
+        c.validate().unwrap_err()
+    };
+    let e = UpstreamConfig::parse_flag("s=https://mcp.example/mcp").unwrap_err();
+    assert!(e.contains("https is not supported"), "{e}");
+    let e = refused("name = \"s\"\nurl = \"ftp://x/mcp\"");
+    assert!(e.contains("must start with http://"), "{e}");
+    let e = refused("name = \"s\"\nurl = \"http:///mcp\"");
+    assert!(e.contains("upstream `s`"), "{e}");
+    let e = refused("name = \"s\"\nurl = \"http://a/mcp\"\ncommand = [\"srv\"]");
+    assert!(e.contains("either `command` or `url`"), "{e}");
+    let e = refused("name = \"s\"\nurl = \"http://a/mcp\"\nenv = { A = \"1\" }");
+    assert!(e.contains("`env` is for a `command`"), "{e}");
+    let e = refused("name = \"s\"");
+    assert!(e.contains("give `command` or `url`"), "{e}");
+}
+
+#[test]
 fn relative_program_paths_resolve_against_the_config_file_and_bare_names_do_not() {
     let mut c = UpstreamConfig::command("a", vec!["./bin/server".into(), "./x".into()]);
     c.resolve_against(Path::new("/etc/pycage"));

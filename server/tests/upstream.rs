@@ -218,3 +218,106 @@ async fn an_upstream_that_does_not_start_or_takes_a_namespace_is_a_start_error()
     let e = ServerConfig::from_toml(toml).unwrap_err();
     assert!(e.contains("port"), "{e}");
 }
+
+/// The fixture serving streamable HTTP on `addr`; killed when dropped.
+struct HttpFixture {
+    child: std::process::Child,
+    url: String,
+}
+
+impl HttpFixture {
+    fn start(addr: &str) -> HttpFixture {
+        use std::io::BufRead as _;
+        let mut child = std::process::Command::new(fixture())
+            .args(["--http", addr])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening ")
+            .unwrap_or_else(|| panic!("the fixture said where it listens: {line:?}"))
+            .to_owned();
+        HttpFixture { child, url }
+    }
+
+    /// `host:port` of its listener.
+    fn addr(&self) -> &str {
+        self.url
+            .strip_prefix("http://")
+            .and_then(|rest| rest.strip_suffix("/mcp"))
+            .unwrap()
+    }
+}
+
+impl Drop for HttpFixture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_config(url: &str, allow: &[&str]) -> String {
+    format!(
+        "[policy]\nallow = {allow:?}\n\n[[upstream]]\nname = \"fx\"\nurl = {url:?}\ntimeout = \"10s\"\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_over_streamable_http_is_called_like_a_child() {
+    let server = HttpFixture::start("127.0.0.1:0");
+    let tool = start(&http_config(&server.url, &["fx.add", "fx.echo", "fx.fail"])).await;
+    assert!(tool.text().contains("### `fx.add`"), "{}", tool.text());
+    let r = run(
+        &tool,
+        "a = await fx.add(a=20, b=22)\n\
+         e = await fx.echo(text='over http')\n\
+         try:\n    await fx.fail(message='refused')\n    f = None\n\
+         except ToolError as x:\n    f = [x.kind, str(x)]\n\
+         return [a, e, f]",
+    )
+    .await;
+    assert_eq!(
+        r["value"],
+        json!([{"sum": 42}, "over http", ["failed", "refused"]]),
+        "{r:#}"
+    );
+    assert_eq!(r["tool_calls"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_upstream_that_goes_away_fails_the_call_and_is_reached_again_when_back() {
+    let server = HttpFixture::start("127.0.0.1:0");
+    let addr = server.addr().to_owned();
+    let tool = start(&http_config(&server.url, &["fx.add", "fx.calls"])).await;
+    let add = "return await fx.add(a=1, b=1)";
+    assert_eq!(run(&tool, add).await["value"], json!({"sum": 2}));
+    drop(server);
+    let r = run(
+        &tool,
+        "try:\n    await fx.add(a=1, b=1)\n    return 'answered'\nexcept ToolError as e:\n    \
+         return [e.kind, str(e)]",
+    )
+    .await;
+    assert_eq!(r["value"][0], "failed", "{r:#}");
+    assert!(
+        r["value"][1].as_str().unwrap().contains("upstream `fx`"),
+        "{r:#}"
+    );
+    // The same address again: the next call connects to the new server.
+    let _back = HttpFixture::start(&addr);
+    let r = run(
+        &tool,
+        "a = await fx.add(a=2, b=2)\nreturn [a, await fx.calls()]",
+    )
+    .await;
+    assert_eq!(
+        r["value"],
+        json!([{"sum": 4}, {"add": 1, "calls": 1}]),
+        "{r:#}"
+    );
+}
