@@ -119,6 +119,16 @@ impl Canaries {
         .replace("@ENV_NAME@", ENV_NAME)
     }
 
+    /// Fails when a canary value appears in `text` (`what` names where it was found).
+    pub fn check_text(text: &str, what: &str) -> Result<(), String> {
+        for canary in [ENV_VALUE, FILE_VALUE, TOOL_VALUE] {
+            if text.contains(canary) {
+                return Err(format!("canary {canary} reached {what}"));
+            }
+        }
+        Ok(())
+    }
+
     /// The invariants every case shares.
     pub fn check(&self, r: &RunResult) -> Result<(), String> {
         let text = format!(
@@ -128,11 +138,7 @@ impl Canaries {
             r.value,
             serde_json::to_string(&r.error).unwrap_or_default()
         );
-        for canary in [ENV_VALUE, FILE_VALUE, TOOL_VALUE] {
-            if text.contains(canary) {
-                return Err(format!("canary {canary} reached the result"));
-            }
-        }
+        Self::check_text(&text, "the result")?;
         let calls = self.secret_calls.load(Ordering::SeqCst);
         if calls != 0 {
             return Err(format!("the secret tool ran {calls} time(s)"));

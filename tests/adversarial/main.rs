@@ -24,6 +24,7 @@
 
 mod canaries;
 mod case;
+mod mcp;
 #[path = "../os_support/mod.rs"]
 mod os_support;
 
@@ -93,24 +94,28 @@ async fn run_all(canaries: &Canaries, cases: &[Case], filter: Option<&str>) -> V
             ran += 1;
             let started = Instant::now();
             let outcome = run_case(canaries, &subject, case).await;
-            let took = started.elapsed();
-            let verdict = match &outcome {
-                Ok(()) => "pass".to_owned(),
-                Err(why) => format!("**FAIL**: {}", why.replace('|', "\\|")),
-            };
-            report.push_str(&format!(
-                "| {backend} | {} | {} | {verdict} | {:.0} ms |\n",
-                case.category,
-                case.name,
-                took.as_secs_f64() * 1000.0
-            ));
-            match outcome {
-                Ok(()) => println!("ok    [{backend}] {id} ({took:.2?})"),
-                Err(why) => {
-                    println!("FAIL  [{backend}] {id}: {why}");
-                    failures.push(format!("[{backend}] {id}: {why}"));
-                }
+            record(&mut report, &mut failures, backend, case, outcome, started);
+        }
+    }
+    // The tool-abuse category once more, through the MCP server (over the wasm backend): the
+    // server's own path from a client's call to the broker must refuse exactly the same.
+    if let Some(subject) = os_support::subject("wasm") {
+        for case in cases.iter().filter(|c| c.category == MCP_CATEGORY) {
+            let id = format!("{}/{}", case.category, case.name);
+            if filter.is_some_and(|f| !id.contains(f)) || !case.runs_on("wasm") {
+                continue;
             }
+            ran += 1;
+            let started = Instant::now();
+            let outcome = run_case_via_mcp(canaries, &subject, case).await;
+            record(
+                &mut report,
+                &mut failures,
+                "mcp (wasm)",
+                case,
+                outcome,
+                started,
+            );
         }
     }
     let growth = rss_bytes().saturating_sub(rss_before);
@@ -140,6 +145,70 @@ async fn run_all(canaries: &Canaries, cases: &[Case], filter: Option<&str>) -> V
         }
     }
     failures
+}
+
+/// The category that also runs through the MCP server.
+const MCP_CATEGORY: &str = "tools";
+
+/// Adds a case's outcome to the report and the console, and to `failures` when it failed.
+fn record(
+    report: &mut String,
+    failures: &mut Vec<String>,
+    backend: &str,
+    case: &Case,
+    outcome: Result<(), String>,
+    started: Instant,
+) {
+    let took = started.elapsed();
+    let id = format!("{}/{}", case.category, case.name);
+    let verdict = match &outcome {
+        Ok(()) => "pass".to_owned(),
+        Err(why) => format!("**FAIL**: {}", why.replace('|', "\\|")),
+    };
+    report.push_str(&format!(
+        "| {backend} | {} | {} | {verdict} | {:.0} ms |\n",
+        case.category,
+        case.name,
+        took.as_secs_f64() * 1000.0
+    ));
+    match outcome {
+        Ok(()) => println!("ok    [{backend}] {id} ({took:.2?})"),
+        Err(why) => {
+            println!("FAIL  [{backend}] {id}: {why}");
+            failures.push(format!("[{backend}] {id}: {why}"));
+        }
+    }
+}
+
+/// Runs a case as one `run_python` call through the MCP server, with the same checks as
+/// [`run_case`] plus: no canary anywhere in the MCP response (text blocks included).
+async fn run_case_via_mcp(
+    canaries: &Canaries,
+    subject: &os_support::Subject,
+    case: &Case,
+) -> Result<(), String> {
+    if case.session || !case.then.is_empty() || !case.files.is_empty() {
+        return Err(
+            "a case through the MCP server is one call: no session, `then` or files".into(),
+        );
+    }
+    let runner = runner(canaries, subject, case)?;
+    let code = canaries.substitute(&case.code);
+    let started = Instant::now();
+    let (result, whole) = mcp::run(runner.clone(), case.limits.clone(), &code).await?;
+    let took = started.elapsed();
+    let limit = case.limits.wall_timeout() + MARGIN.max(subject.timeout_margin());
+    if took > limit {
+        return Err(format!("returned after {took:.2?}, over {limit:.2?}"));
+    }
+    check_expectation(case, subject.native(), &result)?;
+    canaries.check(&result)?;
+    Canaries::check_text(&whole, "the MCP response")?;
+    let fresh = runner.run("return 1 + 1").await;
+    if fresh.value != serde_json::json!(2) {
+        return Err(format!("a fresh sandbox no longer runs: {fresh:?}"));
+    }
+    Ok(())
 }
 
 /// The backends this suite runs against: every one available here that isolates (`local`
