@@ -60,6 +60,8 @@ pub struct Settings {
     pub idle: Duration,
     pub python: String,
     pub pycage_exe: PathBuf,
+    /// The upstream MCP server for the `mcp_upstream` row, as `--upstream` gives it.
+    pub upstream: Option<String>,
 }
 
 pub async fn bench(args: BenchArgs) -> Exit {
@@ -69,6 +71,7 @@ pub async fn bench(args: BenchArgs) -> Exit {
         idle: args.idle,
         python: real_python(&args.python),
         pycage_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("pycage")),
+        upstream: args.upstream.clone(),
     };
     let rows = match cases::run_all(&settings, args.only.as_deref()).await {
         Ok(rows) => rows,

@@ -78,6 +78,12 @@ pub struct BenchArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
+
+    /// An MCP server with an `echo(message)` tool (for example the reference
+    /// `mcp-server-everything stdio`), started as `pycage mcp --upstream up='COMMAND'` for
+    /// the `mcp_upstream` row; without it that row is left out.
+    #[arg(long, value_name = "COMMAND")]
+    pub upstream: Option<String>,
 }
 
 #[derive(Debug, Args)]

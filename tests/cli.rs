@@ -613,3 +613,39 @@ fn repl_keeps_state_echoes_expressions_and_starts_over_when_a_run_ends_the_sessi
         "{stderr}"
     );
 }
+
+#[test]
+fn bench_measures_the_mcp_server_over_http_with_one_and_sixteen_clients() {
+    let out = pycage(&[
+        "bench",
+        "--only",
+        "mcp_",
+        "--iterations",
+        "3",
+        "--duration",
+        "200ms",
+        "--json",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let report = json_result(&out);
+    let rows = report["rows"].as_array().unwrap();
+    let case = |name: &str| {
+        rows.iter()
+            .find(|r| r["case"] == json!(name))
+            .unwrap_or_else(|| panic!("no {name} row in {rows:?}"))
+    };
+    for clients in ["c1", "c16"] {
+        let latency = case(&format!("mcp_http_print_hi_{clients}"));
+        assert!(latency["pycage"]["n"].as_u64().unwrap() >= 1, "{latency}");
+        let rate = case(&format!("mcp_http_runs_per_s_{clients}"));
+        assert!(rate["pycage"].as_f64().unwrap() > 0.0, "{rate}");
+    }
+    case("mcp_stdio_print_hi");
+    // The upstream row needs an upstream server, and says so when it has none.
+    assert!(rows.iter().all(|r| r["case"] != json!("mcp_upstream_echo")));
+    assert!(
+        stderr(&out).contains("mcp_upstream left out: it needs --upstream"),
+        "{}",
+        stderr(&out)
+    );
+}

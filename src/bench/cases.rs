@@ -138,6 +138,18 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
     if wanted("mcp_stdio") {
         rows.push(super::mcp::stdio_row(s, &fresh).await?);
     }
+    if wanted("mcp_http") {
+        rows.extend(super::mcp::http_rows(s).await?);
+    }
+    if wanted("mcp_upstream") {
+        match &s.upstream {
+            Some(command) => rows.push(super::mcp::upstream_row(s, command).await?),
+            None => eprintln!(
+                "pycage bench: mcp_upstream left out: it needs --upstream 'COMMAND' (an MCP \
+                 server with an `echo(message)` tool)"
+            ),
+        }
+    }
     if wanted("files_10mib") {
         // 10 MiB in as an input file, read and written back as a produced file, interleaved
         // with an empty run so both see the same machine: the difference is what files cost.
