@@ -15,7 +15,7 @@ use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{SEED, Spy, assert_kind};
+use common::{Gate, SEED, Spy, assert_kind};
 use os_support::{Subject, pycage_exe};
 use pycage::{ErrorKind, Limits, ToolPolicy};
 use pycage_tools::ToolRegistry;
@@ -147,6 +147,42 @@ async fn output_cap(s: &Subject) {
             text[..marker].matches(c).count() + text[marker + marker_len..].matches(c).count();
         assert!((250..=256).contains(&kept), "kept {kept} of {c:?}");
     }
+}
+
+/// A run held at a gate after writing output: the meter already counts it (every byte,
+/// cut or kept), except on the layered backend, whose guest output arrives with its result.
+async fn output_is_counted_while_the_run_goes(s: &Subject) {
+    let gate = Gate::default();
+    let mut tools = ToolRegistry::with_builtins();
+    gate.register(&mut tools);
+    let limits = Limits::builder().max_output_bytes(256).build().unwrap();
+    let runner = s.runner(tools, ToolPolicy::new().namespace("gate"), limits);
+    let meter = pycage::OutputMeter::new();
+    let request = pycage::RunRequest::new(
+        "import sys\nprint('x' * 4999, flush=True)\nsys.stderr.write('e' * 300)\n\
+         sys.stderr.flush()\nreturn await wait()",
+    )
+    .output_meter(meter.clone());
+    let run = tokio::spawn(async move { runner.run_request(request).await });
+    gate.arrived().await;
+    let live = s.name != "wasm+bubblewrap";
+    let (out, err) = if live { (5000, 300) } else { (0, 0) };
+    // Through Docker the bytes take a moment longer to reach the host (its daemon relays
+    // them), so the count is awaited, boundedly, while the run is still held.
+    let counted = || (meter.stdout_bytes(), meter.stderr_bytes());
+    let until = Instant::now() + Duration::from_secs(30);
+    while counted() != (out, err) && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(counted(), (out, err), "while the run is held");
+    gate.open();
+    let r = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("the run ends once the gate opens")
+        .unwrap();
+    assert!(r.ok, "{r:#?}");
+    assert!(r.stdout_truncated, "{r:#?}");
+    assert_eq!(counted(), (out, err));
 }
 
 async fn network_blocked(s: &Subject) {
@@ -348,6 +384,7 @@ every_backend!([
     allowlist_without_add,
     wall_timeout,
     output_cap,
+    output_is_counted_while_the_run_goes,
     network_blocked,
     host_file_write_blocked,
     host_file_read_blocked,

@@ -26,6 +26,8 @@ pub struct Job {
     pub tools: Vec<Binding>,
     /// The files the code gets in its working directory (checked against the limits).
     pub files: Vec<crate::InputFile>,
+    /// Counts the run's output while it runs, where the backend sees it live.
+    pub output_meter: Option<crate::OutputMeter>,
 }
 
 /// Whether a backend can run on this host.

@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
@@ -19,6 +20,40 @@ use wasmtime_wasi_io::streams::{OutputStream, StreamResult};
 /// The most bytes the guest may hand over in one write. Bounds the host's transient copy.
 const WRITE_PERMIT: usize = 64 * 1024;
 
+/// How many bytes a run has written to stdout and to stderr so far, readable while it runs
+/// (a server's progress reports use it): give it to
+/// [`RunRequest::output_meter`](crate::RunRequest::output_meter). Every byte written counts,
+/// kept or cut by the output cap. Clones share the counts. A backend that sees the output only when the run ends
+/// (`wasm+bubblewrap`, a session on an OS backend) counts nothing while it runs.
+#[derive(Debug, Clone, Default)]
+pub struct OutputMeter {
+    stdout: Arc<AtomicU64>,
+    stderr: Arc<AtomicU64>,
+}
+
+impl OutputMeter {
+    /// A meter at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes written to stdout so far.
+    pub fn stdout_bytes(&self) -> u64 {
+        self.stdout.load(Ordering::Relaxed)
+    }
+
+    /// Bytes written to stderr so far.
+    pub fn stderr_bytes(&self) -> u64 {
+        self.stderr.load(Ordering::Relaxed)
+    }
+
+    /// The stdout and stderr pipes count into this meter (until their next reset).
+    pub(crate) fn attach(&self, stdout: &CapturePipe, stderr: &CapturePipe) {
+        stdout.lock().tap = Some(self.stdout.clone());
+        stderr.lock().tap = Some(self.stderr.clone());
+    }
+}
+
 /// A capturing pipe; clones share the same buffer.
 #[derive(Clone, Debug)]
 pub struct CapturePipe(Arc<Mutex<Capture>>);
@@ -30,6 +65,8 @@ struct Capture {
     tail: VecDeque<u8>,
     tail_cap: usize,
     total: u64,
+    /// Where every written byte is also counted (an [`OutputMeter`]'s half).
+    tap: Option<Arc<AtomicU64>>,
 }
 
 /// What a pipe captured.
@@ -52,6 +89,7 @@ impl CapturePipe {
             tail: VecDeque::new(),
             tail_cap: budget - head_cap,
             total: 0,
+            tap: None,
         })))
     }
 
@@ -66,6 +104,7 @@ impl CapturePipe {
         c.head_cap = head_cap;
         c.tail_cap = budget - head_cap;
         c.total = 0;
+        c.tap = None;
     }
 
     fn lock(&self) -> MutexGuard<'_, Capture> {
@@ -103,6 +142,9 @@ impl CapturePipe {
 impl Capture {
     fn push(&mut self, mut bytes: &[u8]) {
         self.total = self.total.saturating_add(bytes.len() as u64);
+        if let Some(tap) = &self.tap {
+            tap.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
         let room = self.head_cap - self.head.len();
         let into_head = room.min(bytes.len());
         self.head.extend_from_slice(&bytes[..into_head]);

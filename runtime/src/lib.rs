@@ -47,6 +47,7 @@ pub use backend::{
     UnavailableKind, backend_by_name,
 };
 pub use broker::{Broker, CallError, ToolGate};
+pub use capture::OutputMeter;
 pub use describe::{DescribeError, Description, DescriptionBuilder, Persistence};
 pub use files::{InputFile, OutputFile};
 pub use limits::{Limits, LimitsBuilder, LimitsError, MAX_MEMORY_BYTES, MIN_MEMORY_BYTES};

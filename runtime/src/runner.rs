@@ -154,6 +154,7 @@ impl Runner {
             vars,
             files,
             limits,
+            output_meter,
         } = request;
         let mut limits = limits.unwrap_or_else(|| self.inner.limits.clone());
         if let Some(session) = session {
@@ -172,6 +173,7 @@ impl Runner {
             limits,
             tools: self.inner.exposed.bindings().to_vec(),
             files,
+            output_meter,
         };
         Ok((job, broker))
     }
@@ -215,6 +217,7 @@ pub struct RunRequest {
     vars: Map<String, Value>,
     files: Vec<crate::InputFile>,
     limits: Option<Limits>,
+    output_meter: Option<crate::OutputMeter>,
 }
 
 impl RunRequest {
@@ -229,6 +232,13 @@ impl RunRequest {
     /// The initial global variables (names must be identifiers).
     pub fn vars(mut self, vars: Map<String, Value>) -> Self {
         self.vars = vars;
+        self
+    }
+
+    /// Counts the run's stdout and stderr bytes into `meter` while it runs (see
+    /// [`OutputMeter`](crate::OutputMeter) for the backends that count live).
+    pub fn output_meter(mut self, meter: crate::OutputMeter) -> Self {
+        self.output_meter = Some(meter);
         self
     }
 

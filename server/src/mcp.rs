@@ -104,8 +104,10 @@ impl McpServer {
             async move {
                 let Some(token) = token else { return };
                 let seconds = p.elapsed.as_secs_f64();
-                let param = ProgressNotificationParam::new(token, seconds)
-                    .with_message(format!("running for {seconds:.1} s"));
+                let param = ProgressNotificationParam::new(token, seconds).with_message(format!(
+                    "running for {seconds:.1} s; output so far: {} bytes on stdout, {} on stderr",
+                    p.stdout_bytes, p.stderr_bytes
+                ));
                 // A client that has gone cannot be told; the run goes on until it is
                 // cancelled or ends.
                 if let Err(e) = peer.notify_progress(param).await {

@@ -58,6 +58,12 @@ impl std::error::Error for StartError {}
 pub struct Progress {
     /// How long the call has been running (waiting for a slot included).
     pub elapsed: Duration,
+    /// Bytes the code has written to stdout so far (every byte, kept or cut by the output
+    /// cap; 0 on a backend that sees the output only at the end, see
+    /// [`pycage::OutputMeter`]).
+    pub stdout_bytes: u64,
+    /// Bytes the code has written to stderr so far, likewise.
+    pub stderr_bytes: u64,
 }
 
 /// What one tool call gives back.
@@ -214,10 +220,12 @@ impl PythonTool {
         Fut: Future<Output = ()>,
     {
         let started = Instant::now();
-        let call = match self.parse_run(input) {
+        let mut call = match self.parse_run(input) {
             Ok(call) => call,
             Err(error) => return self.failed(&error),
         };
+        let meter = pycage::OutputMeter::new();
+        call.request = call.request.output_meter(meter.clone());
         let run = async {
             let _slot = self.slot().await?;
             Ok::<_, RunError>(match &call.session {
@@ -233,7 +241,14 @@ impl PythonTool {
         let result = loop {
             tokio::select! {
                 done = &mut run => break done,
-                _ = ticks.tick() => on_progress(Progress { elapsed: started.elapsed() }).await,
+                _ = ticks.tick() => {
+                    on_progress(Progress {
+                        elapsed: started.elapsed(),
+                        stdout_bytes: meter.stdout_bytes(),
+                        stderr_bytes: meter.stderr_bytes(),
+                    })
+                    .await;
+                }
             }
         };
         match result {

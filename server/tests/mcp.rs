@@ -344,7 +344,10 @@ async fn a_long_run_reports_progress() {
     let r = call(
         &h,
         "run_python",
-        json!({"code": "while True: pass", "limits": {"timeout_seconds": 2}}),
+        json!({
+            "code": "print('x' * 1234, flush=True)\nwhile True: pass",
+            "limits": {"timeout_seconds": 2},
+        }),
     )
     .await;
     assert_eq!(error_kind(&r), Some("timeout"), "{r:#?}");
@@ -369,6 +372,12 @@ async fn a_long_run_reports_progress() {
             .as_deref()
             .unwrap()
             .starts_with("running for")
+    );
+    // The output so far: the line (and its newline) printed before the loop.
+    let last = progress.last().unwrap().message.as_deref().unwrap();
+    assert!(
+        last.ends_with("output so far: 1235 bytes on stdout, 0 on stderr"),
+        "{last}"
     );
 }
 

@@ -184,6 +184,8 @@ impl LayeredBackend {
             cwd: host_dir.clone(),
             stdin,
             output_cap: WORKER_DIAGNOSTICS_BYTES,
+            // The worker's own diagnostics, not the guest's output (that comes in its result).
+            output_meter: None,
             deadline: started + limits.wall_timeout() + WORKER_GRACE,
         };
         let started_at = std::time::SystemTime::now();

@@ -370,6 +370,7 @@ mod unix {
             cwd: command.cwd,
             stdin,
             output_cap: limits.max_output_bytes(),
+            output_meter: job.output_meter.clone(),
             deadline: started + limits.wall_timeout(),
         };
         let finished =

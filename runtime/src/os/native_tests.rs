@@ -14,6 +14,7 @@ fn the_guests_stdin_is_one_header_line_then_the_code() {
         limits,
         tools: Vec::new(),
         files: Vec::new(),
+        output_meter: None,
     };
     let token = Token::known("t0k");
     for socket in ["/run/pycage/broker.sock", r"\\.\pipe\pycage-0123abcd-42"] {

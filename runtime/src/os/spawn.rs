@@ -32,6 +32,8 @@ pub(crate) struct SpawnSpec {
     pub stdin: Vec<u8>,
     /// The cap on each of stdout and stderr.
     pub output_cap: u64,
+    /// Counts stdout and stderr bytes as they arrive.
+    pub output_meter: Option<crate::OutputMeter>,
     /// When the process is killed if it has not exited.
     pub deadline: Instant,
 }
@@ -97,6 +99,9 @@ pub(crate) async fn run(spec: SpawnSpec, contain: Containment<'_>) -> std::io::R
     });
     let stdout = CapturePipe::new(spec.output_cap);
     let stderr = CapturePipe::new(spec.output_cap);
+    if let Some(meter) = &spec.output_meter {
+        meter.attach(&stdout, &stderr);
+    }
     let pumps = [
         child
             .stdout

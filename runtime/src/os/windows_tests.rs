@@ -136,6 +136,7 @@ async fn off_windows_a_run_is_a_typed_backend_error() {
         limits: limits(),
         tools: Vec::new(),
         files: Vec::new(),
+        output_meter: None,
     };
     let result = WindowsBackend::new().run(job, broker).await;
     assert!(!result.ok);

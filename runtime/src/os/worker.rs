@@ -77,6 +77,8 @@ impl From<WorkerJob> for Job {
             limits: job.limits,
             tools: job.tools,
             files: job.files,
+            // The worker's output reaches the host when the run ends: nothing to count live.
+            output_meter: None,
         }
     }
 }

@@ -195,6 +195,9 @@ impl Fresh {
             state.denied_capability = None;
             state.stdout.reset(limits.max_output_bytes());
             state.stderr.reset(limits.max_output_bytes());
+            if let Some(meter) = &job.output_meter {
+                meter.attach(&state.stdout, &state.stderr);
+            }
             state.deadline = deadline;
             state.gate = Some(gate);
         }
