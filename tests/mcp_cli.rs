@@ -129,6 +129,8 @@ fn the_official_python_sdk_drives_pycage_mcp() {
         "add",
         "--max-concurrent",
         "1",
+        "--queue-timeout",
+        "1s",
     ];
     let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
     interop(&python, &args);
@@ -200,6 +202,8 @@ fn the_official_python_sdk_drives_pycage_mcp_over_http_with_its_guards() {
             "add",
             "--max-concurrent",
             "1",
+            "--queue-timeout",
+            "1s",
         ])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -27,9 +27,10 @@ In code mode the server is expected to run with the MCP project's reference serv
 between them, and see a refused upstream call come back to the code as a `ToolError`.
 
 It prints one line per check and exits 1 with a message at the first failure (2 on bad usage).
-The server is expected to be started with `--allow add`; with `--max-concurrent 1` the
-cancellation check also proves that a cancelled run frees its slot (the next call would
-otherwise queue behind a 20 s run).
+The server is expected to be started with `--allow add`, `--max-concurrent 1` and a short
+`--queue-timeout` (1s): the cancellation check then also proves that a cancelled run frees its
+slot (the next call would otherwise queue behind a 20 s run), and the busy check sees a second
+call beyond the one slot fail as `busy`.
 """
 
 import inspect
@@ -165,6 +166,42 @@ async def check_timeout(session: ClientSession) -> None:
     ok(name)
 
 
+async def check_memory(session: ClientSession) -> None:
+    name = "memory limit"
+    result = await run(session, {"code": "b = bytearray(1 << 30)", "limits": {"memory_mib": 64}})
+    expect(result.is_error is True, name, f"not isError: {summary(result)}")
+    error = structured(result, name).get("error")
+    kind = error.get("kind") if isinstance(error, dict) else None
+    expect(kind == "memory_limit", name, f"error.kind is {kind!r}, not 'memory_limit': {summary(result)}")
+    s = await run_ok(session, name, {"code": "return 1"})
+    expect(s.get("value") == 1, name, f"the server did not serve the next call: {s!r}")
+    ok(name, "1 GiB under a 64 MiB limit: isError, kind memory_limit; the next call served")
+
+
+async def check_busy(session: ClientSession) -> None:
+    name = "busy"
+    # With one run slot (--max-concurrent 1): a second call while a run holds it waits the
+    # queue timeout and fails as busy; then the holder is cancelled.
+    with anyio.CancelScope() as scope:
+        held = anyio.Event()
+
+        async def hold() -> None:
+            held.set()
+            await run(session, {"code": "while True: pass", "limits": {"timeout_seconds": 20}})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold)
+            await held.wait()
+            await anyio.sleep(0.5)
+            result = await run(session, {"code": "return 1"})
+            scope.cancel()
+    expect(result.is_error is True, name, f"not isError: {summary(result)}")
+    error = structured(result, name).get("error")
+    kind = error.get("kind") if isinstance(error, dict) else None
+    expect(kind == "busy", name, f"error.kind is {kind!r}, not 'busy': {summary(result)}")
+    ok(name, "a second call beyond one run slot: isError, kind busy")
+
+
 async def check_session(session: ClientSession) -> None:
     name = "session"
     created = await session.call_tool("create_session", {}, read_timeout_seconds=CALL_TIMEOUT)
@@ -243,7 +280,8 @@ async def check_cancel(session: ClientSession) -> None:
     ok(name, f"cancelled after 0.5 s; the next call answered in {took:.2f} s")
 
 
-CHECKS = (check_listing, check_seed, check_timeout, check_session, check_files, check_progress, check_cancel)
+CHECKS = (check_listing, check_seed, check_timeout, check_memory, check_session, check_files, check_progress,
+          check_cancel, check_busy)
 
 
 async def check_upstream_listing(session: ClientSession) -> None:
