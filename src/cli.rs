@@ -26,6 +26,8 @@ pub enum Command {
     /// Serve the `run_python` tool over the Model Context Protocol on stdin and stdout (for
     /// an MCP client's configuration); logs go to stderr.
     Mcp(Box<McpArgs>),
+    /// Serve the HTTP API (`POST /v1/runs`, sessions, the description, health) on ADDR.
+    Serve(Box<ServeArgs>),
     /// Measure pycage side by side with native baselines on this machine.
     Bench(BenchArgs),
     /// List every backend: whether it isolates, and whether it can run here (and why not).
@@ -173,6 +175,35 @@ pub struct McpArgs {
     /// NAME`). Repeatable; adds to the file's [[upstream]].
     #[arg(long = "upstream", value_name = "NAME='COMMAND ARGS'|NAME=URL", value_parser = pycage_server::UpstreamConfig::parse_flag)]
     pub upstreams: Vec<pycage_server::UpstreamConfig>,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The same server config TOML as `pycage mcp --config` takes; the flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+
+    /// Listen here (`127.0.0.1:8080`; port 0 picks one, printed on stderr) [default: the
+    /// file's `[http] listen`, else 127.0.0.1:8080].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
+
+    /// The most runs at once [default: 4].
+    #[arg(long = "max-concurrent-runs", value_name = "N")]
+    pub max_concurrent_runs: Option<usize>,
+
+    /// How many runs may wait for a slot; beyond them a request gets 429 at once
+    /// [default: 16 per core].
+    #[arg(long = "max-queued", value_name = "N")]
+    pub max_queued: Option<usize>,
+
+    /// A file holding the bearer token every request must carry (required to listen on an
+    /// address that is not loopback).
+    #[arg(long = "token-file", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

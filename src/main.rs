@@ -10,6 +10,7 @@ mod repl;
 mod report;
 mod run;
 mod sandbox;
+mod serve;
 #[cfg(unix)]
 mod worker;
 
@@ -40,7 +41,7 @@ fn main() -> ExitCode {
         Command::Run(_) | Command::Describe(_) | Command::Repl(_) => true,
         #[cfg(unix)]
         Command::Worker(_) => true,
-        Command::Mcp(_) | Command::Bench(_) | Command::Backends(_) => false,
+        Command::Mcp(_) | Command::Serve(_) | Command::Bench(_) | Command::Backends(_) => false,
     };
     if one_run {
         one_malloc_arena();
@@ -59,6 +60,7 @@ fn main() -> ExitCode {
             Command::Describe(args) => describe::describe(*args).await.into(),
             Command::Repl(args) => repl::repl(*args).await.into(),
             Command::Mcp(args) => mcp::mcp(*args).await.into(),
+            Command::Serve(args) => serve::serve(*args).await.into(),
             Command::Bench(args) => bench::bench(args).await.into(),
             Command::Backends(args) => backends::list(args).into(),
             #[cfg(unix)]

@@ -84,7 +84,7 @@ async fn serve_http(tool: Arc<PythonTool>, config: &ServerConfig, addr: SocketAd
 }
 
 /// SIGINT or (on Unix) SIGTERM, whichever comes first.
-async fn stop_signal() {
+pub(crate) async fn stop_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -133,7 +133,7 @@ fn config(args: &McpArgs) -> Result<ServerConfig, String> {
 
 /// The sandbox flags over `config`: each one given replaces the file's value (`--tools`
 /// adds files, `--allow` replaces the list).
-fn apply_sandbox_flags(config: &mut ServerConfig, flags: &SandboxArgs) {
+pub(crate) fn apply_sandbox_flags(config: &mut ServerConfig, flags: &SandboxArgs) {
     config.tools.extend(flags.tools.iter().cloned());
     if flags.namespace.is_some() {
         config.policy.namespace.clone_from(&flags.namespace);

@@ -104,6 +104,18 @@ pub struct RunsConfig {
     /// How often a long run reports progress (default 1 s).
     #[serde(with = "pycage_tools::units::duration_text")]
     pub progress_interval: Duration,
+    /// `pycage serve`: how many runs may wait for a slot beyond `max_concurrent` before
+    /// more are refused at once with 429 (default: 16 per core).
+    pub max_queued: Option<usize>,
+}
+
+impl RunsConfig {
+    /// [`max_queued`](Self::max_queued), or its default: 16 per core.
+    pub fn max_queued(&self) -> usize {
+        self.max_queued.unwrap_or_else(|| {
+            16 * std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+        })
+    }
 }
 
 impl Default for RunsConfig {
@@ -112,6 +124,7 @@ impl Default for RunsConfig {
             max_concurrent: 4,
             queue_timeout: Duration::from_secs(5),
             progress_interval: Duration::from_secs(1),
+            max_queued: None,
         }
     }
 }

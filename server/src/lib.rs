@@ -8,6 +8,7 @@
 
 pub mod clamp;
 pub mod config;
+pub mod http;
 pub mod mcp;
 pub mod python;
 mod sandbox;

@@ -104,14 +104,18 @@ pub fn endpoint(addr: SocketAddr) -> String {
     format!("http://{addr}{MCP_PATH}")
 }
 
-async fn require_token(State(token): State<Arc<String>>, request: Request, next: Next) -> Response {
-    let given = request
-        .headers()
+/// True when `headers` carry `Authorization: Bearer <token>`, compared in constant time.
+pub(crate) fn carries_token(headers: &axum::http::HeaderMap, token: &str) -> bool {
+    let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
+    bool::from(given.as_bytes().ct_eq(token.as_bytes()))
+}
+
+async fn require_token(State(token): State<Arc<String>>, request: Request, next: Next) -> Response {
+    if carries_token(request.headers(), &token) {
         return next.run(request).await;
     }
     let mut response = (StatusCode::UNAUTHORIZED, "a bearer token is required").into_response();

@@ -1,0 +1,564 @@
+//! `pycage serve`: the HTTP API over one [`Runner`], as an axum [`Router`] a host can nest
+//! into its own app.
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /v1/runs` | one run in a fresh sandbox: `{code, vars?, files?, limits?}` → the `RunResult` JSON |
+//! | `POST /v1/sessions` | a session: `{limits?}` → `{id, expires_in_seconds, limits}` |
+//! | `POST /v1/sessions/{id}/runs` | a run in the session |
+//! | `GET /v1/sessions/{id}` | its state |
+//! | `DELETE /v1/sessions/{id}` | closes it |
+//! | `GET /v1/description` | the model-facing description and input schema |
+//! | `GET /healthz`, `GET /readyz` | alive; accepting runs |
+//!
+//! `files` maps a relative path to base64 content; `limits` is the library's `Limits` JSON
+//! (`{"wall_timeout": "5s", "memory_bytes": 268435456}`), each field over the server's
+//! defaults, lowered to the server's maxima (the response's `clamped` lists what was). Errors
+//! are `{"error": {"kind", "message"}}`: 400 bad input, 401 no or wrong token, 404 unknown
+//! session, 409 session busy, 410 session ended, 413 body too large, 422 invalid limits,
+//! 429 busy (with `Retry-After`), 503 draining. A guest failure is a 200 with `ok: false`:
+//! the request succeeded, the code did not.
+//!
+//! At most `[runs] max_concurrent` runs at once and `[runs] max_queued` more waiting for a
+//! slot; a request beyond both is refused at once with 429, so nothing queues without bound.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use pycage::{
+    Description, ErrorKind, InputFile, Limits, LimitsBuilder, RunError, RunRequest, RunResult,
+    Runner, SessionId, SessionManager,
+};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::{ServerConfig, StartError};
+
+/// How long a client refused as busy is told to wait (`Retry-After`, seconds).
+const RETRY_AFTER_SECONDS: u64 = 1;
+
+/// The API's state: the runner, its sessions, the limits and the bounds. Share it behind an
+/// `Arc` (see [`router`]).
+#[derive(Debug)]
+pub struct HttpApi {
+    runner: Runner,
+    sessions: Option<Arc<SessionManager>>,
+    description: Description,
+    defaults: Limits,
+    maxima: Limits,
+    /// Admission: one permit per run that may be running or waiting for a slot.
+    admitted: Arc<Semaphore>,
+    /// The admission semaphore's size: runs at once plus runs that may wait.
+    capacity: usize,
+    slots: Arc<Semaphore>,
+    draining: AtomicBool,
+}
+
+impl HttpApi {
+    /// The API `config` describes (its backend, tools, policy, limits and maxima, sessions and
+    /// bounds), described by a probe run.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError`] naming what is unusable.
+    pub async fn start(config: &ServerConfig) -> Result<Self, StartError> {
+        let tool = crate::PythonTool::start(config).await?;
+        let (defaults, maxima) = config.resolved_limits().map_err(StartError::Config)?;
+        let runner = tool.runner().clone();
+        Self::with_runner(runner, config, defaults, maxima).await
+    }
+
+    /// The API over `runner`, with `config`'s sessions and bounds.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError`] naming what is unusable.
+    pub async fn with_runner(
+        runner: Runner,
+        config: &ServerConfig,
+        defaults: Limits,
+        maxima: Limits,
+    ) -> Result<Self, StartError> {
+        let sessions = if runner.backend().supports_sessions() {
+            let manager = SessionManager::new(runner.clone(), config.sessions.clone())
+                .map_err(|e| StartError::Sandbox(e.message))?;
+            Some(Arc::new(manager))
+        } else {
+            None
+        };
+        let description = runner
+            .description()
+            .session(sessions.is_some())
+            .build()
+            .await
+            .map_err(StartError::Describe)?;
+        let max_concurrent = config.runs.max_concurrent;
+        let admitted = max_concurrent.saturating_add(config.runs.max_queued());
+        Ok(HttpApi {
+            runner,
+            sessions,
+            description,
+            defaults,
+            maxima,
+            admitted: Arc::new(Semaphore::new(admitted)),
+            capacity: admitted,
+            slots: Arc::new(Semaphore::new(max_concurrent)),
+            draining: AtomicBool::new(false),
+        })
+    }
+
+    /// Stops accepting runs: `/readyz` turns false and new runs get 503.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// True once [`drain`](Self::drain) was called.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Runs admitted now (running or waiting for a slot).
+    pub fn runs_admitted(&self) -> usize {
+        self.capacity
+            .saturating_sub(self.admitted.available_permits())
+    }
+
+    /// Admits one run and waits for its slot; the permits are held for the run's length.
+    async fn admit(&self) -> Result<(OwnedSemaphorePermit, OwnedSemaphorePermit), ApiError> {
+        if self.is_draining() {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "draining",
+                "the server is shutting down and takes no new runs",
+            ));
+        }
+        let admitted = self.admitted.clone().try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "busy",
+                "every run slot is taken and the wait queue is full; retry shortly",
+            )
+        })?;
+        let slot = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ApiError::internal("the run slots are closed"))?;
+        Ok((admitted, slot))
+    }
+
+    /// The request's limits: the server's defaults with what `asked` names, each lowered to
+    /// the maxima; the fields that were lowered.
+    fn limits(&self, asked: Option<&Value>) -> Result<(Limits, Vec<&'static str>), ApiError> {
+        let invalid = |message: String| {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_limits", message)
+        };
+        let asked = match asked {
+            None | Some(Value::Null) => return Ok((self.defaults.clone(), Vec::new())),
+            Some(Value::Object(map)) => map,
+            Some(_) => return Err(invalid("`limits` must be an object".into())),
+        };
+        let Ok(Value::Object(mut merged)) = serde_json::to_value(&self.defaults) else {
+            return Err(ApiError::internal("the default limits do not serialize"));
+        };
+        merged.extend(asked.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let builder: LimitsBuilder = serde_json::from_value(Value::Object(merged))
+            .map_err(|e| invalid(format!("`limits`: {e}")))?;
+        let (builder, clamped) = clamp_to(builder, &self.maxima);
+        let limits = builder
+            .build()
+            .map_err(|e| invalid(format!("`limits`: {e}")))?;
+        Ok((limits, clamped))
+    }
+
+    fn sessions(&self) -> Result<&Arc<SessionManager>, ApiError> {
+        self.sessions.as_ref().ok_or_else(|| {
+            ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "unsupported",
+                format!(
+                    "the `{}` backend keeps no sessions",
+                    self.runner.backend().name()
+                ),
+            )
+        })
+    }
+}
+
+/// Each field of `b` above its value in `maxima` lowered to it; the names of those lowered.
+fn clamp_to(mut b: LimitsBuilder, maxima: &Limits) -> (LimitsBuilder, Vec<&'static str>) {
+    let mut clamped = Vec::new();
+    macro_rules! lower {
+        ($($field:ident),* $(,)?) => {$(
+            if b.$field > maxima.$field() {
+                b.$field = maxima.$field();
+                clamped.push(stringify!($field));
+            }
+        )*};
+    }
+    lower!(
+        wall_timeout,
+        memory_bytes,
+        max_output_bytes,
+        max_tool_calls,
+        tool_timeout,
+        max_tool_args_bytes,
+        max_tool_result_bytes,
+        max_value_bytes,
+        max_code_bytes,
+        max_input_bytes,
+        max_written_bytes,
+        max_files,
+        max_file_bytes,
+        max_returned_bytes,
+    );
+    // No fuel limit is above any fuel limit; maxima without one allow any.
+    if let Some(max) = maxima.fuel()
+        && b.fuel.is_none_or(|f| f > max)
+    {
+        b.fuel = Some(max);
+        clamped.push("fuel");
+    }
+    (b, clamped)
+}
+
+/// A request's error: its status and the `{error: {kind, message}}` body.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: String,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            kind: kind.into(),
+            message: message.into(),
+        }
+    }
+
+    fn internal(message: &str) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    fn bad_input(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_input", message)
+    }
+
+    /// The status a refused run's error kind takes (one the request caused, not the code).
+    fn of_run(error: &RunError) -> Self {
+        let status = match error.kind {
+            ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
+            ErrorKind::SessionNotFound => StatusCode::NOT_FOUND,
+            ErrorKind::SessionBusy => StatusCode::CONFLICT,
+            ErrorKind::SessionEnded => StatusCode::GONE,
+            ErrorKind::TooManySessions | ErrorKind::Busy => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let kind = serde_json::to_value(error.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_else(|| "internal".into());
+        Self::new(status, kind, error.message.clone())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"kind": self.kind, "message": self.message}});
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+        }
+        response
+    }
+}
+
+/// The body of `POST /v1/runs` and `POST /v1/sessions/{id}/runs`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunBody {
+    code: String,
+    #[serde(default)]
+    vars: Map<String, Value>,
+    /// Relative path → base64 content.
+    #[serde(default)]
+    files: BTreeMap<String, String>,
+    #[serde(default)]
+    limits: Option<Value>,
+}
+
+/// The body of `POST /v1/sessions`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionBody {
+    #[serde(default)]
+    limits: Option<Value>,
+}
+
+/// A JSON body, or a 400 (413 when too large) saying what is wrong with it.
+fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    parsed.map(|Json(b)| b).map_err(|rejection| {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(status, "body_too_large", rejection.body_text())
+        } else {
+            ApiError::bad_input(rejection.body_text())
+        }
+    })
+}
+
+fn request(api: &HttpApi, body: RunBody) -> Result<(RunRequest, Vec<&'static str>), ApiError> {
+    let (limits, clamped) = api.limits(body.limits.as_ref())?;
+    let mut files = Vec::with_capacity(body.files.len());
+    for (path, content) in body.files {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(content.as_bytes())
+            .map_err(|e| ApiError::bad_input(format!("files[{path:?}] is not base64: {e}")))?;
+        files.push(InputFile::new(path, bytes));
+    }
+    let request = RunRequest::new(body.code)
+        .vars(body.vars)
+        .files(files)
+        .limits(limits);
+    Ok((request, clamped))
+}
+
+/// A run's response: a 200 with the result (ok or not) and `clamped`, or the status of an
+/// error the request caused before any code ran.
+fn respond(result: RunResult, clamped: &[&'static str], session: Option<&SessionId>) -> Response {
+    if let Some(error) = &result.error
+        && is_refusal(error.kind)
+    {
+        return ApiError::of_run(error).into_response();
+    }
+    let Ok(Value::Object(mut body)) = serde_json::to_value(&result) else {
+        return ApiError::internal("the result does not serialize").into_response();
+    };
+    body.insert("clamped".into(), json!(clamped));
+    if let Some(id) = session {
+        body.insert("session_id".into(), json!(id.as_str()));
+    }
+    Json(Value::Object(body)).into_response()
+}
+
+/// Errors the request caused (refused before the code ran), as opposed to the code's own.
+fn is_refusal(kind: ErrorKind) -> bool {
+    matches!(
+        kind,
+        ErrorKind::InvalidInput
+            | ErrorKind::SessionNotFound
+            | ErrorKind::SessionBusy
+            | ErrorKind::TooManySessions
+            | ErrorKind::Busy
+            | ErrorKind::Unsupported
+    )
+}
+
+async fn run(
+    State(api): State<Arc<HttpApi>>,
+    parsed: Result<Json<RunBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let (request, clamped) = request(&api, body(parsed)?)?;
+    let _permits = api.admit().await?;
+    let result = api.runner.run_request(request).await;
+    Ok(respond(result, &clamped, None))
+}
+
+async fn create_session(
+    State(api): State<Arc<HttpApi>>,
+    parsed: Option<Json<SessionBody>>,
+) -> Result<Response, ApiError> {
+    let sessions = api.sessions()?;
+    let asked = parsed.map(|Json(b)| b).unwrap_or_default();
+    let (limits, clamped) = api.limits(asked.limits.as_ref())?;
+    if api.is_draining() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "draining",
+            "the server is shutting down and opens no sessions",
+        ));
+    }
+    let id = sessions
+        .create_with(limits.clone())
+        .await
+        .map_err(|e| ApiError::of_run(&e))?;
+    let config = sessions.config();
+    let body = json!({
+        "id": id.as_str(),
+        "expires_in_seconds": config.idle_timeout.as_secs_f64(),
+        "max_lifetime_seconds": config.max_lifetime.as_secs_f64(),
+        "limits": limits,
+        "clamped": clamped,
+    });
+    let mut response = (StatusCode::CREATED, Json(body)).into_response();
+    if let Ok(location) = HeaderValue::from_str(&format!("/v1/sessions/{}", id.as_str())) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+fn session_id(api: &HttpApi, id: &str) -> Result<(SessionId, Arc<pycage::Session>), ApiError> {
+    let sessions = api.sessions()?;
+    let id = SessionId::from(id);
+    let session = sessions.get(&id).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "session_not_found",
+            format!(
+                "no session `{}` here (closed, expired, or on another replica)",
+                id.as_str()
+            ),
+        )
+    })?;
+    Ok((id, session))
+}
+
+async fn session_run(
+    State(api): State<Arc<HttpApi>>,
+    Path(id): Path<String>,
+    parsed: Result<Json<RunBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let (id, _) = session_id(&api, &id)?;
+    let (request, clamped) = request(&api, body(parsed)?)?;
+    let _permits = api.admit().await?;
+    let result = api.sessions()?.run(&id, request).await;
+    Ok(respond(result, &clamped, Some(&id)))
+}
+
+async fn session_state(
+    State(api): State<Arc<HttpApi>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (id, session) = session_id(&api, &id)?;
+    let ended = session.ended();
+    Ok(Json(json!({
+        "id": id.as_str(),
+        "state": if ended.is_some() { "ended" } else if session.is_busy() { "running" } else { "idle" },
+        "runs": session.runs(),
+        "ended": ended,
+        "limits": session.limits(),
+    }))
+    .into_response())
+}
+
+async fn close_session(
+    State(api): State<Arc<HttpApi>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (id, _) = session_id(&api, &id)?;
+    api.sessions()?.close(&id);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn description(State(api): State<Arc<HttpApi>>) -> Json<Value> {
+    Json(json!({
+        "name": api.description.name(),
+        "description": api.description.text(),
+        "input_schema": api.description.input_schema(),
+        "limits": api.defaults,
+        "maxima": api.maxima,
+    }))
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(api): State<Arc<HttpApi>>) -> Response {
+    if api.is_draining() {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response()
+    } else {
+        "ready\n".into_response()
+    }
+}
+
+async fn require_token(
+    State(token): State<Arc<String>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if crate::mcp::http::carries_token(request.headers(), &token) {
+        return next.run(request).await;
+    }
+    let mut response = ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "a bearer token is required (Authorization: Bearer <token>)",
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+/// The API's routes over `api`, with request bodies capped at `max_body_bytes` and, when
+/// `token` is given, every request but `/healthz` and `/readyz` required to carry it as a
+/// bearer token.
+pub fn router(api: Arc<HttpApi>, max_body_bytes: usize, token: Option<String>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/runs", post(run))
+        .route("/v1/sessions", post(create_session))
+        .route(
+            "/v1/sessions/{id}",
+            get(session_state).delete(close_session),
+        )
+        .route("/v1/sessions/{id}/runs", post(session_run))
+        .route("/v1/description", get(description))
+        .fallback(not_found);
+    let v1 = match token {
+        Some(token) => v1.layer(axum::middleware::from_fn_with_state(
+            Arc::new(token),
+            require_token,
+        )),
+        None => v1,
+    };
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .merge(v1)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(api)
+}
+
+/// Serves the API on `listener` until `stop` completes; then it drains: no new runs
+/// (`/readyz` 503, runs 503), and the requests in flight finish before this returns.
+///
+/// # Errors
+///
+/// When serving fails.
+pub async fn serve(
+    api: Arc<HttpApi>,
+    config: &crate::HttpConfig,
+    token: Option<String>,
+    listener: tokio::net::TcpListener,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = router(api.clone(), config.max_body_bytes, token);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            stop.await;
+            api.drain();
+        })
+        .await
+}

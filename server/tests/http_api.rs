@@ -1,0 +1,316 @@
+//! `pycage serve`'s HTTP API over a real socket: the router served on a loopback port, driven
+//! by a real HTTP client (reqwest): every route, every error status, the concurrency bound,
+//! sessions, auth and drain.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use pycage_server::ServerConfig;
+use pycage_server::http::{self, HttpApi};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+struct Served {
+    api: Arc<HttpApi>,
+    base: String,
+    client: reqwest::Client,
+}
+
+async fn serve(toml: &str, token: Option<&str>) -> Served {
+    let config = ServerConfig::from_toml(toml).unwrap();
+    let api = Arc::new(HttpApi::start(&config).await.unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = http::router(
+        api.clone(),
+        config.http.max_body_bytes,
+        token.map(str::to_owned),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Served {
+        api,
+        base,
+        client: reqwest::Client::new(),
+    }
+}
+
+impl Served {
+    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, String) {
+        let r = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.text().await.unwrap())
+    }
+}
+
+fn kind(body: &Value) -> &str {
+    body["error"]["kind"].as_str().unwrap_or("")
+}
+
+const ADD: &str = "[policy]\nallow = [\"add\"]\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_returns_the_result_with_files_and_what_was_clamped() {
+    let s = serve(&format!("{ADD}[limits]\nwall_timeout = \"10s\"\n"), None).await;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let (status, r) = s
+        .post(
+            "/v1/runs",
+            json!({
+                "code": "print(open('in.txt').read())\nopen('out.bin', 'wb').write(b'\\x00\\xff')\n\
+                         return await add(a=n, b=1)",
+                "vars": {"n": 41},
+                "files": {"in.txt": b64.encode("hello")},
+                "limits": {"wall_timeout": "1h", "memory_bytes": 134217728},
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{r:#}");
+    assert_eq!(r["ok"], json!(true), "{r:#}");
+    assert_eq!(r["value"], json!({"sum": 42}));
+    assert_eq!(r["stdout"], json!("hello\n"));
+    assert_eq!(r["tool_calls"], json!(1));
+    assert_eq!(r["clamped"], json!(["wall_timeout"]), "{r:#}");
+    let out = r["files"].as_array().unwrap();
+    let out = out.iter().find(|f| f["path"] == json!("out.bin")).unwrap();
+    assert_eq!(
+        b64.decode(out["bytes"].as_str().unwrap()).unwrap(),
+        [0, 255]
+    );
+
+    // The code's own failure is a 200: the request succeeded, the code did not.
+    let (status, r) = s.post("/v1/runs", json!({"code": "1 / 0"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(r["ok"], json!(false));
+    assert_eq!(r["error"]["kind"], json!("guest_exception"));
+    let (status, r) = s
+        .post(
+            "/v1/runs",
+            json!({"code": "while True: pass", "limits": {"wall_timeout": "200ms"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(r["error"]["kind"], json!("timeout"), "{r:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_their_status_and_a_json_error() {
+    let s = serve("[http]\nmax_body_bytes = 65536\n", None).await;
+    let cases = [
+        (json!({"code": 1}), StatusCode::BAD_REQUEST, "invalid_input"),
+        (json!({}), StatusCode::BAD_REQUEST, "invalid_input"),
+        (
+            json!({"code": "1", "cod": 2}),
+            StatusCode::BAD_REQUEST,
+            "invalid_input",
+        ),
+        (
+            json!({"code": "1", "files": {"a.txt": "not base64!"}}),
+            StatusCode::BAD_REQUEST,
+            "invalid_input",
+        ),
+        (
+            json!({"code": "1", "files": {"../escape": ""}}),
+            StatusCode::BAD_REQUEST,
+            "invalid_input",
+        ),
+        (
+            json!({"code": "1", "limits": {"wal_timeout": "1s"}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_limits",
+        ),
+        (
+            json!({"code": "1", "limits": {"memory_bytes": "lots"}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_limits",
+        ),
+        (
+            json!({"code": "1", "limits": []}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_limits",
+        ),
+        (
+            json!({"code": "x".repeat(70_000)}),
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+        ),
+    ];
+    for (body, want, want_kind) in cases {
+        let (status, r) = s.post("/v1/runs", body.clone()).await;
+        assert_eq!(status, want, "{body:.100}: {r:#}");
+        assert_eq!(kind(&r), want_kind, "{body:.100}: {r:#}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty())
+        );
+    }
+    let r = s
+        .client
+        .post(format!("{}/v1/runs", s.base))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let (status, body) = s.get("/v1/nowhere").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(body.contains("not_found"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_keeps_state_across_runs_until_it_is_closed() {
+    let s = serve("", None).await;
+    let r = s
+        .client
+        .post(format!("{}/v1/sessions", s.base))
+        .json(&json!({"limits": {"memory_bytes": 134217728}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let location = r.headers()["location"].to_str().unwrap().to_owned();
+    let created: Value = r.json().await.unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert_eq!(location, format!("/v1/sessions/{id}"));
+    assert_eq!(created["limits"]["memory_bytes"], json!(134217728));
+    let runs = format!("/v1/sessions/{id}/runs");
+    for (code, want) in [
+        ("x = 40", Value::Null),
+        ("x += 1", Value::Null),
+        ("return x + 1", json!(42)),
+    ] {
+        let (status, r) = s.post(&runs, json!({"code": code})).await;
+        assert_eq!(status, StatusCode::OK, "{r:#}");
+        assert_eq!(r["value"], want, "{code}: {r:#}");
+        assert_eq!(r["session_id"], json!(id));
+    }
+    let (status, state) = s.get(&location).await;
+    assert_eq!(status, StatusCode::OK);
+    let state: Value = serde_json::from_str(&state).unwrap();
+    assert_eq!(state["runs"], json!(3), "{state:#}");
+    assert_eq!(state["state"], json!("idle"));
+    let r = s
+        .client
+        .delete(format!("{}{location}", s.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let (status, r) = s.post(&runs, json!({"code": "return x"})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(kind(&r), "session_not_found");
+    let (status, _) = s.get("/v1/sessions/nosuchsession").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_the_runs_and_the_queue_a_request_gets_429_with_retry_after() {
+    let s = Arc::new(serve("[runs]\nmax_concurrent = 1\nmax_queued = 0\n", None).await);
+    let held = s.clone();
+    let spinning = tokio::spawn(async move {
+        held.post(
+            "/v1/runs",
+            json!({"code": "while True: pass", "limits": {"wall_timeout": "3s"}}),
+        )
+        .await
+    });
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while s.api.runs_admitted() == 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the spinning run was admitted"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let r = s
+        .client
+        .post(format!("{}/v1/runs", s.base))
+        .json(&json!({"code": "return 1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(kind(&body), "busy");
+    let (status, r) = spinning.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(r["error"]["kind"], json!("timeout"));
+    // The slot is free again.
+    let (status, r) = s.post("/v1/runs", json!({"code": "return 1"})).await;
+    assert_eq!((status, &r["value"]), (StatusCode::OK, &json!(1)), "{r:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_is_required_except_for_health_and_draining_refuses_runs() {
+    let s = serve("", Some("s3cret")).await;
+    let run = |token: Option<&str>| {
+        let mut r = s
+            .client
+            .post(format!("{}/v1/runs", s.base))
+            .json(&json!({"code": "return 1"}));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.send()
+    };
+    let refused = run(None).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(refused.headers()["www-authenticate"], "Bearer");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(kind(&body), "unauthorized");
+    assert_eq!(
+        run(Some("wrong")).await.unwrap().status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(run(Some("s3cret")).await.unwrap().status(), StatusCode::OK);
+    let description = s
+        .client
+        .get(format!("{}/v1/description", s.base))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
+    let description: Value = description.json().await.unwrap();
+    assert!(
+        description["description"]
+            .as_str()
+            .unwrap()
+            .contains("Wall time"),
+        "{description:#}"
+    );
+    assert_eq!(description["input_schema"]["type"], json!("object"));
+    assert_eq!(s.get("/healthz").await, (StatusCode::OK, "ok\n".into()));
+    assert_eq!(s.get("/readyz").await.0, StatusCode::OK);
+
+    s.api.drain();
+    assert_eq!(s.get("/readyz").await.0, StatusCode::SERVICE_UNAVAILABLE);
+    let r = run(Some("s3cret")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(kind(&body), "draining");
+    assert_eq!(s.get("/healthz").await.0, StatusCode::OK);
+}

@@ -1,0 +1,96 @@
+//! `pycage serve`: the HTTP API (`pycage_server::http`) on one address, configured by
+//! `--config` and the flags (which override the file), until SIGINT or SIGTERM: then it
+//! stops taking runs (`/readyz` turns 503), lets the runs in flight finish, and exits.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use pycage_server::http::{self, HttpApi};
+use pycage_server::{ServerConfig, StartError};
+
+use crate::cli::ServeArgs;
+use crate::exit::Exit;
+
+/// Where `pycage serve` listens unless told.
+const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+
+pub async fn serve(args: ServeArgs) -> Exit {
+    let (config, addr) = match config(&args) {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("pycage: {message}");
+            return Exit::Usage;
+        }
+    };
+    let token = match &config.http.token_file {
+        Some(path) => match pycage_server::mcp::http::read_token(path) {
+            Ok(token) => Some(token),
+            Err(message) => {
+                eprintln!("pycage: {message}");
+                return Exit::Usage;
+            }
+        },
+        None => None,
+    };
+    if config.backend == "wasm" && !pycage::WasmBackend::shared().is_ok_and(|w| w.is_cached()) {
+        eprintln!("pycage: compiling the sandbox (first run only; this takes a few seconds)...");
+    }
+    let api = match HttpApi::start(&config).await {
+        Ok(api) => Arc::new(api),
+        Err(e @ (StartError::Config(_) | StartError::Sandbox(_) | StartError::Upstream(_))) => {
+            eprintln!("pycage: {e}");
+            return Exit::Usage;
+        }
+        Err(e) => {
+            eprintln!("pycage: {e}");
+            return Exit::Internal;
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("pycage: cannot listen on {addr}: {e}");
+            return Exit::Usage;
+        }
+    };
+    let bound = listener.local_addr().unwrap_or(addr);
+    eprintln!("pycage: serving the HTTP API at http://{bound}/v1/");
+    let stop = async {
+        crate::mcp::stop_signal().await;
+        eprintln!("pycage: draining: no new runs; the runs in flight finish");
+    };
+    let served = http::serve(api, &config.http, token, listener, stop).await;
+    match served {
+        Ok(()) => Exit::Ok,
+        Err(e) => {
+            eprintln!("pycage: the HTTP server failed: {e}");
+            Exit::Internal
+        }
+    }
+}
+
+/// The config file (or the defaults) with the flags over it, and the address to listen on.
+fn config(args: &ServeArgs) -> Result<(ServerConfig, SocketAddr), String> {
+    let mut config = match &args.config {
+        Some(path) => ServerConfig::from_file(path).map_err(|e| e.to_string())?,
+        None => ServerConfig::default(),
+    };
+    crate::mcp::apply_sandbox_flags(&mut config, &args.sandbox);
+    if let Some(n) = args.max_concurrent_runs {
+        config.runs.max_concurrent = n;
+    }
+    if args.max_queued.is_some() {
+        config.runs.max_queued = args.max_queued;
+    }
+    if args.token_file.is_some() {
+        config.http.token_file.clone_from(&args.token_file);
+    }
+    let default: SocketAddr = DEFAULT_LISTEN
+        .parse()
+        .map_err(|_| "a bad default address")?;
+    let addr = args.listen.or(config.http.listen).unwrap_or(default);
+    // Validated with the address it will listen on (beyond loopback a token is required).
+    config.http.listen = Some(addr);
+    config.validate().map_err(|e| e.to_string())?;
+    Ok((config, addr))
+}

@@ -1,0 +1,118 @@
+//! `pycage serve` as a process: it says where it listens, serves runs, refuses to listen
+//! beyond loopback without a token, and on SIGTERM drains: the run in flight finishes with
+//! its result, and the process exits 0.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// Kills the server when the test ends, however it ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `pycage serve` on a free loopback port; the child and its base URL.
+fn start(args: &[&str]) -> (Server, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pycage"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let base = loop {
+        let line = lines
+            .next()
+            .expect("pycage serve said where it listens")
+            .unwrap();
+        if let Some(rest) = line.strip_prefix("pycage: serving the HTTP API at ") {
+            break rest.trim_end_matches("/v1/").to_owned();
+        }
+    };
+    // Keep reading stderr so the child never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (Server(child), base)
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pycage_serve_runs_code_and_drains_on_sigterm() {
+    let (mut server, base) = start(&["--allow", "add"]);
+    let client = reqwest::Client::new();
+    let r: Value = client
+        .post(format!("{base}/v1/runs"))
+        .json(&json!({"code": "return await add(a=2, b=3)"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["value"], json!({"sum": 5}), "{r:#}");
+
+    // A run that takes a while, then SIGTERM while it runs.
+    let slow = tokio::spawn({
+        let client = client.clone();
+        let url = format!("{base}/v1/runs");
+        async move {
+            client
+                .post(url)
+                .json(&json!({
+                    "code": "import time\nt = time.monotonic()\n\
+                             while time.monotonic() - t < 2: pass\nreturn 'finished'",
+                }))
+                .send()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = server.0.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let r: Value = slow.await.unwrap().unwrap().json().await.unwrap();
+    assert_eq!(
+        r["value"],
+        json!("finished"),
+        "the run in flight finishes: {r:#}"
+    );
+    let status = tokio::task::spawn_blocking(move || {
+        let status = server.0.wait();
+        (status, server)
+    })
+    .await
+    .unwrap()
+    .0
+    .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "pycage serve exits 0 after draining"
+    );
+}
+
+#[test]
+fn pycage_serve_will_not_listen_beyond_loopback_without_a_token() {
+    let out = Command::new(env!("CARGO_BIN_EXE_pycage"))
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("token_file"), "{stderr}");
+}
