@@ -10,6 +10,7 @@
 //! | `DELETE /v1/sessions/{id}` | closes it |
 //! | `GET /v1/description` | the model-facing description and input schema |
 //! | `GET /healthz`, `GET /readyz` | alive; accepting runs |
+//! | `GET /metrics` | Prometheus text: runs by outcome and kind, latency and fuel histograms, tool calls, in-flight and queued runs, live sessions, rejections by reason |
 //!
 //! `files` maps a relative path to base64 content; `limits` is the library's `Limits` JSON
 //! (`{"wall_timeout": "5s", "memory_bytes": 268435456}`), each field over the server's
@@ -43,6 +44,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{ServerConfig, StartError};
 
+mod metrics;
+
 /// How long a client refused as busy is told to wait (`Retry-After`, seconds).
 const RETRY_AFTER_SECONDS: u64 = 1;
 
@@ -60,7 +63,9 @@ pub struct HttpApi {
     /// The admission semaphore's size: runs at once plus runs that may wait.
     capacity: usize,
     slots: Arc<Semaphore>,
+    max_concurrent: usize,
     draining: AtomicBool,
+    metrics: metrics::Metrics,
 }
 
 impl HttpApi {
@@ -112,7 +117,9 @@ impl HttpApi {
             admitted: Arc::new(Semaphore::new(admitted)),
             capacity: admitted,
             slots: Arc::new(Semaphore::new(max_concurrent)),
+            max_concurrent,
             draining: AtomicBool::new(false),
+            metrics: metrics::Metrics::new(),
         })
     }
 
@@ -179,6 +186,28 @@ impl HttpApi {
             .build()
             .map_err(|e| invalid(format!("`limits`: {e}")))?;
         Ok((limits, clamped))
+    }
+
+    /// Counts a finished run in the metrics (a refusal is counted by the metrics layer).
+    fn record(&self, result: &RunResult) {
+        if !result.error.as_ref().is_some_and(|e| is_refusal(e.kind)) {
+            self.metrics.ran(result);
+        }
+    }
+
+    /// The metrics' text, with the gauges read now.
+    fn metrics_text(&self) -> Result<String, std::fmt::Error> {
+        let free = self.slots.available_permits();
+        let running = self.max_concurrent.saturating_sub(free);
+        let admitted = self.runs_admitted();
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.metrics.in_flight.set(gauge(running));
+        self.metrics
+            .queued
+            .set(gauge(admitted.saturating_sub(running)));
+        let live = self.sessions.as_ref().map_or(0, |s| s.len());
+        self.metrics.sessions.set(gauge(live));
+        self.metrics.encode()
     }
 
     fn sessions(&self) -> Result<&Arc<SessionManager>, ApiError> {
@@ -276,10 +305,15 @@ impl ApiError {
     }
 }
 
+/// Marks a response as a refusal, for the metrics layer to count by its kind.
+#[derive(Debug, Clone)]
+struct Rejected(String);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({"error": {"kind": self.kind, "message": self.message}});
         let mut response = (self.status, Json(body)).into_response();
+        response.extensions_mut().insert(Rejected(self.kind));
         if self.status == StatusCode::TOO_MANY_REQUESTS {
             response
                 .headers_mut()
@@ -377,6 +411,7 @@ async fn run(
     let (request, clamped) = request(&api, body(parsed)?)?;
     let _permits = api.admit().await?;
     let result = api.runner.run_request(request).await;
+    api.record(&result);
     Ok(respond(result, &clamped, None))
 }
 
@@ -438,6 +473,7 @@ async fn session_run(
     let (request, clamped) = request(&api, body(parsed)?)?;
     let _permits = api.admit().await?;
     let result = api.sessions()?.run(&id, request).await;
+    api.record(&result);
     Ok(respond(result, &clamped, Some(&id)))
 }
 
@@ -508,13 +544,40 @@ async fn require_token(
     response
 }
 
+async fn metrics(State(api): State<Arc<HttpApi>>) -> Response {
+    match api.metrics_text() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => ApiError::internal("the metrics do not encode").into_response(),
+    }
+}
+
+/// Counts every refused request by its kind (the [`Rejected`] mark an [`ApiError`] leaves).
+async fn count_rejections(
+    State(api): State<Arc<HttpApi>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    if let Some(Rejected(kind)) = response.extensions().get::<Rejected>() {
+        api.metrics.rejected(kind);
+    }
+    response
+}
+
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
 }
 
 /// The API's routes over `api`, with request bodies capped at `max_body_bytes` and, when
-/// `token` is given, every request but `/healthz` and `/readyz` required to carry it as a
-/// bearer token.
+/// `token` is given, every request but `/healthz`, `/readyz` and `/metrics` required to carry
+/// it as a bearer token (a scraper inside the cluster reads the metrics without it).
 pub fn router(api: Arc<HttpApi>, max_body_bytes: usize, token: Option<String>) -> Router {
     let v1 = Router::new()
         .route("/v1/runs", post(run))
@@ -533,9 +596,14 @@ pub fn router(api: Arc<HttpApi>, max_body_bytes: usize, token: Option<String>) -
         )),
         None => v1,
     };
+    let v1 = v1.layer(axum::middleware::from_fn_with_state(
+        api.clone(),
+        count_rejections,
+    ));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .merge(v1)
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(api)

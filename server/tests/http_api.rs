@@ -314,3 +314,60 @@ async fn a_token_is_required_except_for_health_and_draining_refuses_runs() {
     assert_eq!(kind(&body), "draining");
     assert_eq!(s.get("/healthz").await.0, StatusCode::OK);
 }
+
+/// The value of the sample `name` (with its labels, as exposed) in the metrics text, or 0.
+fn sample(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_runs_tool_calls_and_rejections() {
+    let s = serve(ADD, None).await;
+    let (status, before) = s.get("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        before.contains("# TYPE pycage_tool_calls counter"),
+        "{before}"
+    );
+    assert_eq!(sample(&before, "pycage_tool_calls_total"), 0.0, "{before}");
+    for _ in 0..2 {
+        let (status, _) = s
+            .post("/v1/runs", json!({"code": "return await add(a=1, b=2)"}))
+            .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    s.post("/v1/runs", json!({"code": "1 / 0"})).await;
+    s.post("/v1/runs", json!({"code": "1", "limits": {"nope": 1}}))
+        .await;
+    let (_, after) = s.get("/metrics").await;
+    assert_eq!(
+        sample(&after, "pycage_runs_total{outcome=\"ok\",kind=\"\"}"),
+        2.0,
+        "{after}"
+    );
+    assert_eq!(
+        sample(
+            &after,
+            "pycage_runs_total{outcome=\"error\",kind=\"guest_exception\"}"
+        ),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(sample(&after, "pycage_tool_calls_total"), 2.0, "{after}");
+    assert_eq!(
+        sample(
+            &after,
+            "pycage_requests_rejected_total{reason=\"invalid_limits\"}"
+        ),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        sample(&after, "pycage_run_duration_seconds_count"),
+        3.0,
+        "{after}"
+    );
+    assert_eq!(sample(&after, "pycage_runs_in_flight"), 0.0, "{after}");
+}
