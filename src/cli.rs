@@ -204,6 +204,11 @@ pub struct ServeArgs {
     /// address that is not loopback).
     #[arg(long = "token-file", value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+
+    /// After SIGTERM or SIGINT, how long the runs in flight may take to finish before they
+    /// are cancelled, with a unit [default: 30s].
+    #[arg(long = "shutdown-grace", value_name = "DURATION", value_parser = parse_duration)]
+    pub shutdown_grace: Option<Duration>,
 }
 
 #[derive(Debug, Args)]

@@ -1,6 +1,7 @@
 //! `pycage serve`: the HTTP API (`pycage_server::http`) on one address, configured by
 //! `--config` and the flags (which override the file), until SIGINT or SIGTERM: then it
-//! stops taking runs (`/readyz` turns 503), lets the runs in flight finish, and exits.
+//! stops taking runs (`/readyz` turns 503), lets the runs in flight finish within the
+//! shutdown grace (cancelling the rest), and exits 0.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -84,6 +85,9 @@ fn config(args: &ServeArgs) -> Result<(ServerConfig, SocketAddr), String> {
     }
     if args.token_file.is_some() {
         config.http.token_file.clone_from(&args.token_file);
+    }
+    if let Some(grace) = args.shutdown_grace {
+        config.http.shutdown_grace = grace;
     }
     let default: SocketAddr = DEFAULT_LISTEN
         .parse()

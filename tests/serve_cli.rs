@@ -116,3 +116,44 @@ fn pycage_serve_will_not_listen_beyond_loopback_without_a_token() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("token_file"), "{stderr}");
 }
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_past_the_shutdown_grace_is_cancelled_and_the_server_exits() {
+    let (mut server, base) = start(&["--shutdown-grace", "1s"]);
+    let client = reqwest::Client::new();
+    let spinning = tokio::spawn({
+        let url = format!("{base}/v1/runs");
+        async move {
+            client
+                .post(url)
+                .json(&json!({"code": "while True: pass", "limits": {"wall_timeout": "60s"}}))
+                .send()
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = server.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::task::spawn_blocking(move || {
+        let status = server.0.wait();
+        (status, server)
+    })
+    .await
+    .unwrap()
+    .0
+    .unwrap();
+    assert_eq!(status.code(), Some(0));
+    // The run did not get its 60 s: its connection closed when the grace ran out.
+    let answer = tokio::time::timeout(Duration::from_secs(30), spinning)
+        .await
+        .expect("the client heard the end")
+        .unwrap();
+    assert!(answer.is_err(), "{answer:?}");
+}

@@ -610,7 +610,9 @@ pub fn router(api: Arc<HttpApi>, max_body_bytes: usize, token: Option<String>) -
 }
 
 /// Serves the API on `listener` until `stop` completes; then it drains: no new runs
-/// (`/readyz` 503, runs 503), and the requests in flight finish before this returns.
+/// (`/readyz` 503, runs 503), and the requests in flight may finish for up to
+/// `config.shutdown_grace`. Those still running then are cancelled (their clients' connections
+/// close), and this returns.
 ///
 /// # Errors
 ///
@@ -623,10 +625,22 @@ pub async fn serve(
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = router(api.clone(), config.max_body_bytes, token);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            stop.await;
-            api.drain();
-        })
-        .await
+    let stopped = Arc::new(tokio::sync::Notify::new());
+    let on_stop = stopped.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        stop.await;
+        api.drain();
+        on_stop.notify_one();
+    });
+    let grace = config.shutdown_grace;
+    tokio::select! {
+        served = server => served,
+        () = async {
+            stopped.notified().await;
+            tokio::time::sleep(grace).await;
+        } => {
+            tracing::warn!("the shutdown grace of {grace:?} is over: cancelling the runs still in flight");
+            Ok(())
+        }
+    }
 }

@@ -371,3 +371,29 @@ async fn metrics_count_runs_tool_calls_and_rejections() {
     );
     assert_eq!(sample(&after, "pycage_runs_in_flight"), 0.0, "{after}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_cancels_its_run() {
+    let s = serve("[runs]\nmax_concurrent = 1\n", None).await;
+    let gone = s
+        .client
+        .post(format!("{}/v1/runs", s.base))
+        .json(&json!({"code": "while True: pass", "limits": {"wall_timeout": "30s"}}))
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await;
+    assert!(gone.is_err_and(|e| e.is_timeout()));
+    // The run's slot is freed long before its 30 s limit would have ended it.
+    let until = std::time::Instant::now() + Duration::from_secs(15);
+    while s.api.runs_admitted() != 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the run outlived its client"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, r) = s.post("/v1/runs", json!({"code": "return 1"})).await;
+    assert_eq!((status, &r["value"]), (StatusCode::OK, &json!(1)), "{r:#}");
+    let (_, text) = s.get("/metrics").await;
+    assert!(!text.contains("kind=\"timeout\""), "{text}");
+}
