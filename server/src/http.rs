@@ -46,6 +46,10 @@ use crate::{ServerConfig, StartError};
 
 mod metrics;
 
+/// The header naming a session: on every session response, and accepted by `POST /v1/runs`
+/// in place of the path's id, so a load balancer can route a session's requests by it.
+pub const SESSION_HEADER: &str = "pycage-session-id";
+
 /// How long a client refused as busy is told to wait (`Retry-After`, seconds).
 const RETRY_AFTER_SECONDS: u64 = 1;
 
@@ -388,7 +392,18 @@ fn respond(result: RunResult, clamped: &[&'static str], session: Option<&Session
     if let Some(id) = session {
         body.insert("session_id".into(), json!(id.as_str()));
     }
-    Json(Value::Object(body)).into_response()
+    let mut response = Json(Value::Object(body)).into_response();
+    if let Some(id) = session {
+        name_session(&mut response, id);
+    }
+    response
+}
+
+/// Adds the [`SESSION_HEADER`] naming `id`.
+fn name_session(response: &mut Response, id: &SessionId) {
+    if let Ok(value) = HeaderValue::from_str(id.as_str()) {
+        response.headers_mut().insert(SESSION_HEADER, value);
+    }
 }
 
 /// Errors the request caused (refused before the code ran), as opposed to the code's own.
@@ -406,8 +421,16 @@ fn is_refusal(kind: ErrorKind) -> bool {
 
 async fn run(
     State(api): State<Arc<HttpApi>>,
+    headers: axum::http::HeaderMap,
     parsed: Result<Json<RunBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
+    if let Some(id) = headers.get(SESSION_HEADER) {
+        let id = id
+            .to_str()
+            .map_err(|_| ApiError::bad_input(format!("`{SESSION_HEADER}` is not text")))?
+            .to_owned();
+        return in_session(&api, &id, parsed).await;
+    }
     let (request, clamped) = request(&api, body(parsed)?)?;
     let _permits = api.admit().await?;
     let result = api.runner.run_request(request).await;
@@ -445,6 +468,7 @@ async fn create_session(
     if let Ok(location) = HeaderValue::from_str(&format!("/v1/sessions/{}", id.as_str())) {
         response.headers_mut().insert(header::LOCATION, location);
     }
+    name_session(&mut response, &id);
     Ok(response)
 }
 
@@ -469,8 +493,16 @@ async fn session_run(
     Path(id): Path<String>,
     parsed: Result<Json<RunBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let (id, _) = session_id(&api, &id)?;
-    let (request, clamped) = request(&api, body(parsed)?)?;
+    in_session(&api, &id, parsed).await
+}
+
+async fn in_session(
+    api: &HttpApi,
+    id: &str,
+    parsed: Result<Json<RunBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let (id, _) = session_id(api, id)?;
+    let (request, clamped) = request(api, body(parsed)?)?;
     let _permits = api.admit().await?;
     let result = api.sessions()?.run(&id, request).await;
     api.record(&result);

@@ -207,10 +207,22 @@ async fn a_session_keeps_state_across_runs_until_it_is_closed() {
         assert_eq!(r["value"], want, "{code}: {r:#}");
         assert_eq!(r["session_id"], json!(id));
     }
+    // The same session through its header on /v1/runs (what a load balancer routes by).
+    let r = s
+        .client
+        .post(format!("{}/v1/runs", s.base))
+        .header("pycage-session-id", &id)
+        .json(&json!({"code": "return x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["pycage-session-id"], id.as_str());
+    let r: Value = r.json().await.unwrap();
+    assert_eq!(r["value"], json!(41), "{r:#}");
     let (status, state) = s.get(&location).await;
     assert_eq!(status, StatusCode::OK);
     let state: Value = serde_json::from_str(&state).unwrap();
-    assert_eq!(state["runs"], json!(3), "{state:#}");
+    assert_eq!(state["runs"], json!(4), "{state:#}");
     assert_eq!(state["state"], json!("idle"));
     let r = s
         .client

@@ -1,0 +1,93 @@
+//! The Kubernetes manifests in `deploy/kubernetes` validate, strictly, against the
+//! Kubernetes schemas (the `kubernetes-validate` tool from PyPI, in the interop virtualenv
+//! `scripts/setup` makes), and say what the server does: its probes are routes it serves,
+//! and the pod's grace outlasts the preStop pause plus pycage's shutdown grace.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
+
+mod os_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn manifests() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn the_kubernetes_manifests_validate_against_the_schemas() {
+    let tool =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/interop-venv/bin/kubernetes-validate");
+    if !tool.exists() {
+        os_support::skip("kubernetes-validate is missing (scripts/setup installs it)");
+        return;
+    }
+    let files = manifests();
+    assert!(files.len() >= 4, "{files:?}");
+    let out = Command::new(&tool)
+        .args(["--strict", "--kubernetes-version", "1.37.0"])
+        .args(&files)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    for kind in [
+        "deployment",
+        "service",
+        "horizontalpodautoscaler",
+        "poddisruptionbudget",
+    ] {
+        assert!(
+            text.contains(&format!("passed for resource {kind}/pycage")),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn the_deployment_matches_what_the_server_does() {
+    let deployment = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kubernetes/deployment.yaml"),
+    )
+    .unwrap();
+    for probe in ["path: /readyz", "path: /healthz"] {
+        assert!(deployment.contains(probe), "{probe}");
+    }
+    let number = |key: &str| -> u64 {
+        let line = deployment
+            .lines()
+            .find(|l| l.trim_start().starts_with(key))
+            .unwrap_or_else(|| panic!("no {key}"));
+        line.split(':').nth(1).unwrap().trim().parse().unwrap()
+    };
+    let grace = number("terminationGracePeriodSeconds:");
+    let pre_stop = number("seconds:");
+    let args: Vec<&str> = deployment.lines().map(str::trim).collect();
+    let at = args
+        .iter()
+        .position(|l| *l == "- --shutdown-grace")
+        .unwrap();
+    let shutdown: u64 = args[at + 1]
+        .trim_start_matches("- ")
+        .trim_end_matches('s')
+        .parse()
+        .unwrap();
+    assert!(
+        grace > pre_stop + shutdown,
+        "terminationGracePeriodSeconds {grace} must outlast preStop {pre_stop} + shutdown grace {shutdown}"
+    );
+}
