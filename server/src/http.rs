@@ -45,6 +45,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::{ServerConfig, StartError};
 
 mod metrics;
+mod openapi;
 
 /// The header naming a session: on every session response, and accepted by `POST /v1/runs`
 /// in place of the path's id, so a load balancer can route a session's requests by it.
@@ -419,6 +420,22 @@ fn is_refusal(kind: ErrorKind) -> bool {
     )
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/runs",
+    request_body = openapi::RunInput,
+    params(("pycage-session-id" = Option<String>, Header, description = "run in this session instead")),
+    responses(
+        (status = 200, description = "the run's result, ok or not", body = openapi::RunResult),
+        (status = 400, description = "bad input", body = openapi::ErrorBody),
+        (status = 401, description = "no or wrong bearer token", body = openapi::ErrorBody),
+        (status = 404, description = "no such session", body = openapi::ErrorBody),
+        (status = 413, description = "body too large", body = openapi::ErrorBody),
+        (status = 422, description = "invalid limits", body = openapi::ErrorBody),
+        (status = 429, description = "busy; see Retry-After", body = openapi::ErrorBody),
+        (status = 503, description = "draining", body = openapi::ErrorBody),
+    )
+)]
 async fn run(
     State(api): State<Arc<HttpApi>>,
     headers: axum::http::HeaderMap,
@@ -438,6 +455,18 @@ async fn run(
     Ok(respond(result, &clamped, None))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    request_body(content = Option<openapi::SessionInput>),
+    responses(
+        (status = 201, description = "the session", body = openapi::SessionCreated),
+        (status = 422, description = "invalid limits", body = openapi::ErrorBody),
+        (status = 429, description = "too many sessions", body = openapi::ErrorBody),
+        (status = 501, description = "the backend keeps no sessions", body = openapi::ErrorBody),
+        (status = 503, description = "draining", body = openapi::ErrorBody),
+    )
+)]
 async fn create_session(
     State(api): State<Arc<HttpApi>>,
     parsed: Option<Json<SessionBody>>,
@@ -488,6 +517,20 @@ fn session_id(api: &HttpApi, id: &str) -> Result<(SessionId, Arc<pycage::Session
     Ok((id, session))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/runs",
+    params(("id" = String, Path, description = "the session's id")),
+    request_body = openapi::RunInput,
+    responses(
+        (status = 200, description = "the run's result, ok or not", body = openapi::RunResult),
+        (status = 400, description = "bad input", body = openapi::ErrorBody),
+        (status = 404, description = "no such session", body = openapi::ErrorBody),
+        (status = 409, description = "the session is running another run", body = openapi::ErrorBody),
+        (status = 422, description = "invalid limits", body = openapi::ErrorBody),
+        (status = 429, description = "busy; see Retry-After", body = openapi::ErrorBody),
+    )
+)]
 async fn session_run(
     State(api): State<Arc<HttpApi>>,
     Path(id): Path<String>,
@@ -509,6 +552,15 @@ async fn in_session(
     Ok(respond(result, &clamped, Some(&id)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    params(("id" = String, Path, description = "the session's id")),
+    responses(
+        (status = 200, description = "its state", body = openapi::SessionState),
+        (status = 404, description = "no such session", body = openapi::ErrorBody),
+    )
+)]
 async fn session_state(
     State(api): State<Arc<HttpApi>>,
     Path(id): Path<String>,
@@ -525,6 +577,15 @@ async fn session_state(
     .into_response())
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    params(("id" = String, Path, description = "the session's id")),
+    responses(
+        (status = 204, description = "closed"),
+        (status = 404, description = "no such session", body = openapi::ErrorBody),
+    )
+)]
 async fn close_session(
     State(api): State<Arc<HttpApi>>,
     Path(id): Path<String>,
@@ -534,6 +595,11 @@ async fn close_session(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/description",
+    responses((status = 200, description = "what a model is told", body = openapi::DescriptionBody))
+)]
 async fn description(State(api): State<Arc<HttpApi>>) -> Json<Value> {
     Json(json!({
         "name": api.description.name(),
@@ -542,6 +608,16 @@ async fn description(State(api): State<Arc<HttpApi>>) -> Json<Value> {
         "limits": api.defaults,
         "maxima": api.maxima,
     }))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    responses((status = 200, description = "this document"))
+)]
+async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
+    use utoipa::OpenApi as _;
+    Json(openapi::ApiDoc::openapi())
 }
 
 async fn healthz() -> &'static str {
@@ -620,6 +696,7 @@ pub fn router(api: Arc<HttpApi>, max_body_bytes: usize, token: Option<String>) -
         )
         .route("/v1/sessions/{id}/runs", post(session_run))
         .route("/v1/description", get(description))
+        .route("/v1/openapi.json", get(openapi_json))
         .fallback(not_found);
     let v1 = match token {
         Some(token) => v1.layer(axum::middleware::from_fn_with_state(

@@ -409,3 +409,120 @@ async fn a_client_that_disconnects_cancels_its_run() {
     let (_, text) = s.get("/metrics").await;
     assert!(!text.contains("kind=\"timeout\""), "{text}");
 }
+
+/// The schema the served OpenAPI document gives the JSON response of `method path` with
+/// `status`, as a validator (its `$ref`s resolved within the document).
+fn response_schema(doc: &Value, path: &str, method: &str, status: u16) -> jsonschema::Validator {
+    let operation = &doc["paths"][path][method];
+    assert!(
+        operation.is_object(),
+        "{method} {path} is not in the document"
+    );
+    let schema =
+        &operation["responses"][status.to_string()]["content"]["application/json"]["schema"];
+    assert!(
+        schema.is_object(),
+        "{method} {path} has no JSON schema for {status}"
+    );
+    let mut root = schema.as_object().unwrap().clone();
+    root.insert("components".into(), doc["components"].clone());
+    jsonschema::validator_for(&Value::Object(root)).unwrap()
+}
+
+fn conforms(doc: &Value, path: &str, method: &str, status: StatusCode, body: &Value) {
+    let validator = response_schema(doc, path, method, status.as_u16());
+    let errors: Vec<String> = validator.iter_errors(body).map(|e| e.to_string()).collect();
+    assert!(
+        errors.is_empty(),
+        "{method} {path} {status}: {errors:?}\n{body:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_server_answers_as_its_openapi_document_says() {
+    let s = serve(ADD, None).await;
+    let (status, doc) = s.get("/v1/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    let doc: Value = serde_json::from_str(&doc).unwrap();
+    assert!(
+        doc["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{doc:#}"
+    );
+    for path in [
+        "/v1/runs",
+        "/v1/sessions",
+        "/v1/sessions/{id}",
+        "/v1/sessions/{id}/runs",
+        "/v1/description",
+        "/v1/openapi.json",
+    ] {
+        assert!(doc["paths"][path].is_object(), "{path} is not documented");
+    }
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let (status, r) = s
+        .post(
+            "/v1/runs",
+            json!({
+                "code": "open('o.txt', 'w').write('x')\nreturn await add(a=1, b=2)",
+                "files": {"i.txt": b64.encode("in")},
+                "limits": {"wall_timeout": "1h"},
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    conforms(&doc, "/v1/runs", "post", status, &r);
+    // The schemas do constrain: a missing field or an undocumented one fails them.
+    let result = response_schema(&doc, "/v1/runs", "post", 200);
+    assert!(!result.is_valid(&json!({"ok": true})));
+    let mut extra = r.clone();
+    extra["surprise"] = json!(1);
+    assert!(!result.is_valid(&extra));
+    let (status, r) = s.post("/v1/runs", json!({"code": "1 / 0"})).await;
+    conforms(&doc, "/v1/runs", "post", status, &r);
+    let (status, r) = s
+        .post("/v1/runs", json!({"code": "1", "limits": {"x": 1}}))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    conforms(&doc, "/v1/runs", "post", status, &r);
+    let (status, r) = s.post("/v1/runs", json!({"cod": "1"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    conforms(&doc, "/v1/runs", "post", status, &r);
+
+    let (status, created) = s.post("/v1/sessions", json!({})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    conforms(&doc, "/v1/sessions", "post", status, &created);
+    let id = created["id"].as_str().unwrap();
+    let (status, r) = s
+        .post(
+            &format!("/v1/sessions/{id}/runs"),
+            json!({"code": "x = 1\nreturn x"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    conforms(&doc, "/v1/sessions/{id}/runs", "post", status, &r);
+    let (status, state) = s.get(&format!("/v1/sessions/{id}")).await;
+    conforms(
+        &doc,
+        "/v1/sessions/{id}",
+        "get",
+        status,
+        &serde_json::from_str(&state).unwrap(),
+    );
+    let (status, missing) = s.get("/v1/sessions/none").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    conforms(
+        &doc,
+        "/v1/sessions/{id}",
+        "get",
+        status,
+        &serde_json::from_str(&missing).unwrap(),
+    );
+    let (status, description) = s.get("/v1/description").await;
+    conforms(
+        &doc,
+        "/v1/description",
+        "get",
+        status,
+        &serde_json::from_str(&description).unwrap(),
+    );
+}
