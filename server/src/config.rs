@@ -146,6 +146,10 @@ pub struct HttpConfig {
     pub allowed_origins: Vec<String>,
     /// The largest request body, in bytes (default 4 MiB); past it, 413.
     pub max_body_bytes: usize,
+    /// `pycage serve`: the longest a request body may pause between its bytes before the
+    /// request is ended (default 30 s), so a slow client cannot hold a connection.
+    #[serde(with = "pycage_tools::units::duration_text")]
+    pub body_read_timeout: Duration,
     /// `pycage serve`: after SIGTERM, how long the runs in flight may take to finish before
     /// they are cancelled and the process exits (default 30 s).
     #[serde(with = "pycage_tools::units::duration_text")]
@@ -161,6 +165,7 @@ impl Default for HttpConfig {
             allowed_origins: Vec::new(),
             max_body_bytes: 4 << 20,
             shutdown_grace: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(30),
         }
     }
 }

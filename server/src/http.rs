@@ -683,10 +683,10 @@ async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
 }
 
-/// The API's routes over `api`, with request bodies capped at `max_body_bytes` and, when
-/// `token` is given, every request but `/healthz`, `/readyz` and `/metrics` required to carry
+/// The API's routes over `api`, with request bodies capped at `config.max_body_bytes` (and
+/// ended when they pause longer than `config.body_read_timeout`) and, when `token` is given, every request but `/healthz`, `/readyz` and `/metrics` required to carry
 /// it as a bearer token (a scraper inside the cluster reads the metrics without it).
-pub fn router(api: Arc<HttpApi>, max_body_bytes: usize, token: Option<String>) -> Router {
+pub fn router(api: Arc<HttpApi>, config: &crate::HttpConfig, token: Option<String>) -> Router {
     let v1 = Router::new()
         .route("/v1/runs", post(run))
         .route("/v1/sessions", post(create_session))
@@ -714,7 +714,10 @@ pub fn router(api: Arc<HttpApi>, max_body_bytes: usize, token: Option<String>) -
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(v1)
-        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            config.body_read_timeout,
+        ))
         .with_state(api)
 }
 
@@ -733,7 +736,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = router(api.clone(), config.max_body_bytes, token);
+    let app = router(api.clone(), config, token);
     let stopped = Arc::new(tokio::sync::Notify::new());
     let on_stop = stopped.clone();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {

@@ -27,11 +27,7 @@ async fn serve(toml: &str, token: Option<&str>) -> Served {
     let api = Arc::new(HttpApi::start(&config).await.unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = http::router(
-        api.clone(),
-        config.http.max_body_bytes,
-        token.map(str::to_owned),
-    );
+    let app = http::router(api.clone(), &config.http, token.map(str::to_owned));
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     Served {
         api,
@@ -524,5 +520,29 @@ async fn the_live_server_answers_as_its_openapi_document_says() {
         "get",
         status,
         &serde_json::from_str(&description).unwrap(),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stalls_mid_body_is_cut_off() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let s = serve("[http]\nbody_read_timeout = \"500ms\"\n", None).await;
+    let addr = s.base.strip_prefix("http://").unwrap();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // A request that promises 100 bytes of body and sends 10.
+    stream
+        .write_all(
+            b"POST /v1/runs HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n\
+              content-length: 100\r\n\r\n{\"code\": \"",
+        )
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the stalled request was never ended");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 4"),
+        "{answer}"
     );
 }
