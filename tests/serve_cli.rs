@@ -1,6 +1,7 @@
 //! `pycage serve` as a process: it says where it listens, serves runs, refuses to listen
 //! beyond loopback without a token, and on SIGTERM drains: the run in flight finishes with
-//! its result, and the process exits 0.
+//! its result, and the process exits 0. Unix only: the drain is driven by SIGTERM.
+#![cfg(unix)]
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -49,7 +50,6 @@ fn start(args: &[&str]) -> (Server, String) {
     (Server(child), base)
 }
 
-#[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pycage_serve_runs_code_and_drains_on_sigterm() {
     let (mut server, base) = start(&["--allow", "add"]);
@@ -117,7 +117,6 @@ fn pycage_serve_will_not_listen_beyond_loopback_without_a_token() {
     assert!(stderr.contains("token_file"), "{stderr}");
 }
 
-#[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_past_the_shutdown_grace_is_cancelled_and_the_server_exits() {
     let (mut server, base) = start(&["--shutdown-grace", "1s"]);
