@@ -205,6 +205,11 @@ pub struct ServeArgs {
     #[arg(long = "token-file", value_name = "FILE")]
     pub token_file: Option<PathBuf>,
 
+    /// Listen beyond loopback without a token: only for a network that only trusted clients
+    /// reach (behind an authenticating proxy). Anyone who reaches the address runs code.
+    #[arg(long = "insecure-no-auth")]
+    pub insecure_no_auth: bool,
+
     /// After SIGTERM or SIGINT, how long the runs in flight may take to finish before they
     /// are cancelled, with a unit [default: 30s].
     #[arg(long = "shutdown-grace", value_name = "DURATION", value_parser = parse_duration)]

@@ -86,6 +86,12 @@ fn config(args: &ServeArgs) -> Result<(ServerConfig, SocketAddr), String> {
     if args.token_file.is_some() {
         config.http.token_file.clone_from(&args.token_file);
     }
+    config.http.insecure_no_auth |= args.insecure_no_auth;
+    if config.http.insecure_no_auth && config.http.token_file.is_none() {
+        eprintln!(
+            "pycage: --insecure-no-auth: serving without a token; anyone who reaches the address runs code"
+        );
+    }
     if let Some(grace) = args.shutdown_grace {
         config.http.shutdown_grace = grace;
     }

@@ -156,3 +156,39 @@ async fn a_run_past_the_shutdown_grace_is_cancelled_and_the_server_exits() {
         .unwrap();
     assert!(answer.is_err(), "{answer:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insecure_no_auth_serves_beyond_loopback_without_a_token_and_says_so() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pycage"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--insecure-no-auth"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let _server = Server(child);
+    let mut warned = false;
+    let port = loop {
+        let line = lines
+            .next()
+            .expect("pycage serve said where it listens")
+            .unwrap();
+        warned |= line.contains("serving without a token");
+        if let Some(rest) = line.strip_prefix("pycage: serving the HTTP API at http://0.0.0.0:") {
+            break rest.trim_end_matches("/v1/").to_owned();
+        }
+    };
+    assert!(warned, "no warning about serving without a token");
+    std::thread::spawn(move || for _ in lines {});
+    let r: Value = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/v1/runs"))
+        .json(&json!({"code": "return 7"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["value"], json!(7), "{r:#}");
+}

@@ -150,6 +150,9 @@ pub struct HttpConfig {
     /// request is ended (default 30 s), so a slow client cannot hold a connection.
     #[serde(with = "pycage_tools::units::duration_text")]
     pub body_read_timeout: Duration,
+    /// Listen beyond loopback without a token (default off): only for a network that only
+    /// trusted clients reach, such as a pod behind an authenticating proxy.
+    pub insecure_no_auth: bool,
     /// `pycage serve`: after SIGTERM, how long the runs in flight may take to finish before
     /// they are cancelled and the process exits (default 30 s).
     #[serde(with = "pycage_tools::units::duration_text")]
@@ -166,6 +169,7 @@ impl Default for HttpConfig {
             max_body_bytes: 4 << 20,
             shutdown_grace: Duration::from_secs(30),
             body_read_timeout: Duration::from_secs(30),
+            insecure_no_auth: false,
         }
     }
 }
@@ -286,10 +290,12 @@ impl ServerConfig {
         if let Some(addr) = self.http.listen
             && !addr.ip().is_loopback()
             && self.http.token_file.is_none()
+            && !self.http.insecure_no_auth
         {
             return Err(ConfigError::Invalid(format!(
                 "[http] listening on {addr}, which is not loopback, needs a token_file: \
-                 without one anyone who reaches the address runs code"
+                 without one anyone who reaches the address runs code (insecure_no_auth \
+                 serves it anyway, for a network only trusted clients reach)"
             )));
         }
         if self.http.max_body_bytes == 0 {
