@@ -81,9 +81,8 @@ impl HttpApi {
     ///
     /// [`StartError`] naming what is unusable.
     pub async fn start(config: &ServerConfig) -> Result<Self, StartError> {
-        let tool = crate::PythonTool::start(config).await?;
-        let (defaults, maxima) = config.resolved_limits().map_err(StartError::Config)?;
-        let runner = tool.runner().clone();
+        let (runner, maxima) = crate::sandbox::start(config).await?;
+        let defaults = runner.limits().clone();
         Self::with_runner(runner, config, defaults, maxima).await
     }
 
@@ -101,7 +100,9 @@ impl HttpApi {
         let sessions = if runner.backend().supports_sessions() {
             let manager = SessionManager::new(runner.clone(), config.sessions.clone())
                 .map_err(|e| StartError::Sandbox(e.message))?;
-            Some(Arc::new(manager))
+            let manager = Arc::new(manager);
+            manager.spawn_sweeper(crate::sandbox::SWEEP_EVERY);
+            Some(manager)
         } else {
             None
         };

@@ -106,21 +106,7 @@ impl PythonTool {
     ///
     /// [`StartError`] naming what is unusable.
     pub async fn start(config: &ServerConfig) -> Result<Self, StartError> {
-        config.validate().map_err(StartError::Config)?;
-        let (limits, maxima) = config.resolved_limits().map_err(StartError::Config)?;
-        let mut tools = crate::sandbox::tools(config).map_err(StartError::Sandbox)?;
-        for upstream in &config.upstream {
-            if tools.iter().any(|t| t.namespace() == upstream.name) {
-                return Err(StartError::Sandbox(format!(
-                    "upstream `{0}`: the namespace `{0}` is taken by other tools",
-                    upstream.name
-                )));
-            }
-            crate::Upstream::connect(upstream.clone(), &mut tools)
-                .await
-                .map_err(StartError::Upstream)?;
-        }
-        let runner = crate::sandbox::runner(config, tools, limits).map_err(StartError::Sandbox)?;
+        let (runner, maxima) = crate::sandbox::start(config).await?;
         Self::with_runner(runner, config, maxima).await
     }
 
@@ -138,7 +124,9 @@ impl PythonTool {
         let sessions = if runner.backend().supports_sessions() {
             let manager = SessionManager::new(runner.clone(), config.sessions.clone())
                 .map_err(|e| StartError::Sandbox(e.message))?;
-            Some(Arc::new(manager))
+            let manager = Arc::new(manager);
+            manager.spawn_sweeper(crate::sandbox::SWEEP_EVERY);
+            Some(manager)
         } else {
             None
         };

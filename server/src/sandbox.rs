@@ -52,3 +52,34 @@ pub fn runner(
             other => other.to_string(),
         })
 }
+
+/// How often a server's sessions are swept for expiry, so an expired session's guest goes
+/// soon rather than at the next session request.
+pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Everything a server starts from `config`: checked, its tools loaded, its upstreams
+/// connected (each under its own namespace), and the runner over them; with the maxima a
+/// call may ask for.
+///
+/// # Errors
+///
+/// [`StartError`](crate::StartError) naming what is unusable.
+pub async fn start(config: &ServerConfig) -> Result<(Runner, Limits), crate::StartError> {
+    use crate::StartError;
+    config.validate().map_err(StartError::Config)?;
+    let (limits, maxima) = config.resolved_limits().map_err(StartError::Config)?;
+    let mut tools = tools(config).map_err(StartError::Sandbox)?;
+    for upstream in &config.upstream {
+        if tools.iter().any(|t| t.namespace() == upstream.name) {
+            return Err(StartError::Sandbox(format!(
+                "upstream `{0}`: the namespace `{0}` is taken by other tools",
+                upstream.name
+            )));
+        }
+        crate::Upstream::connect(upstream.clone(), &mut tools)
+            .await
+            .map_err(StartError::Upstream)?;
+    }
+    let runner = runner(config, tools, limits).map_err(StartError::Sandbox)?;
+    Ok((runner, maxima))
+}

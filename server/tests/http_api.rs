@@ -546,3 +546,21 @@ async fn a_client_that_stalls_mid_body_is_cut_off() {
         "{answer}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_session_is_swept_without_another_request_for_sessions() {
+    let s = serve("[sessions]\nidle_timeout = 1\n", None).await;
+    let (status, _) = s.post("/v1/sessions", json!({})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let live = |text: &str| sample(text, "pycage_sessions_live");
+    assert_eq!(live(&s.get("/metrics").await.1), 1.0);
+    // The server's sweeper (every 10 s) ends it; nothing here asks for a session again.
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while live(&s.get("/metrics").await.1) != 0.0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the idle session was never swept"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
