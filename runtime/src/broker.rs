@@ -15,11 +15,12 @@
 //! then the tool runs under the per-call timeout, with panics caught, and its result's size is
 //! capped before it crosses back. Calls refused by 1–4 are not counted against the ceiling;
 //! calls that execute count even when the tool fails. Each call emits one audit event on the
-//! `pycage::audit` tracing target.
+//! `pycage::audit` tracing target, and reaches the run's [`ToolCallObserver`]s.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -94,6 +95,51 @@ impl ToolGate for Broker {
     }
 }
 
+/// One tool call as the broker saw it, for a [`ToolCallObserver`].
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ToolCallEvent<'a> {
+    /// The run's id, as in the audit events.
+    pub run_id: &'a str,
+    /// The exposed tool's qualified name (`math.add`), or `None` when the call named no
+    /// exposed tool: a name the guest made up never reaches an observer, so it cannot become
+    /// a metric label of its choosing.
+    pub tool: Option<&'a str>,
+    /// `ok`, or the [`CallError::kind`] of a refused or failed call.
+    pub outcome: &'static str,
+    /// From the call's arrival at the broker to its answer.
+    pub duration: Duration,
+}
+
+/// Sees every tool call a run's broker handles, after it is answered (metrics, for example).
+/// Called on the call's path: keep it quick and never block.
+pub trait ToolCallObserver: Send + Sync + 'static {
+    /// One call, answered.
+    fn observe(&self, call: &ToolCallEvent<'_>);
+}
+
+/// The observers of a runner's runs: shared by every broker it makes.
+#[derive(Clone, Default)]
+pub struct Observers(Arc<[Arc<dyn ToolCallObserver>]>);
+
+impl Observers {
+    /// These observers and `more`.
+    #[must_use]
+    pub fn with(&self, more: Arc<dyn ToolCallObserver>) -> Self {
+        Observers(self.0.iter().cloned().chain([more]).collect())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Observers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Observers({})", self.0.len())
+    }
+}
+
 /// The limits the broker applies, taken from the run's [`Limits`].
 #[derive(Debug, Clone, Copy)]
 struct CallLimits {
@@ -113,6 +159,7 @@ pub struct Broker {
     executed: AtomicU32,
     ceiling_hit: AtomicBool,
     finished: AtomicBool,
+    observers: Observers,
 }
 
 impl Broker {
@@ -130,7 +177,15 @@ impl Broker {
             executed: AtomicU32::new(0),
             ceiling_hit: AtomicBool::new(false),
             finished: AtomicBool::new(false),
+            observers: Observers::default(),
         }
+    }
+
+    /// This broker, with `observers` told of each call it answers.
+    #[must_use]
+    pub fn observed_by(mut self, observers: Observers) -> Self {
+        self.observers = observers;
+        self
     }
 
     /// The run's id, as in the audit events.
@@ -170,6 +225,22 @@ impl Broker {
             Ok(text) => ("ok", text.len()),
             Err(e) => (e.kind(), 0),
         };
+        let duration = started.elapsed();
+        if !self.observers.is_empty() {
+            let tool = self
+                .tools
+                .lookup(name)
+                .map(|t| format!("{}.{}", t.namespace(), t.name()));
+            let event = ToolCallEvent {
+                run_id: &self.run_id,
+                tool: tool.as_deref(),
+                outcome: outcome_kind,
+                duration,
+            };
+            for observer in self.observers.0.iter() {
+                observer.observe(&event);
+            }
+        }
         tracing::info!(
             target: "pycage::audit",
             run = %self.run_id,
@@ -177,7 +248,7 @@ impl Broker {
             outcome = outcome_kind,
             args_bytes = args_json.len(),
             result_bytes,
-            micros = started.elapsed().as_micros() as u64,
+            micros = duration.as_micros() as u64,
             executed = self.executed(),
             "tool call"
         );

@@ -248,3 +248,41 @@ async fn fuzz_regressions_replay() {
     }
     assert!(replayed > 0, "no regression inputs in {}", dir.display());
 }
+
+/// Records what it is told, as `(tool, outcome)`.
+#[derive(Default)]
+struct Recorder(std::sync::Mutex<Vec<(Option<String>, &'static str)>>);
+
+impl ToolCallObserver for Recorder {
+    fn observe(&self, call: &ToolCallEvent<'_>) {
+        assert_eq!(call.run_id, "test");
+        self.0
+            .lock()
+            .unwrap()
+            .push((call.tool.map(str::to_owned), call.outcome));
+    }
+}
+
+#[tokio::test]
+async fn observers_see_each_call_by_its_tool_and_outcome_but_never_a_made_up_name() {
+    let (b, _) = broker(Limits::builder().max_tool_calls(2).build().unwrap());
+    let recorder = Arc::new(Recorder::default());
+    let b = b.observed_by(Observers::default().with(recorder.clone()));
+    let _ = b.call("count", "{}").await;
+    let _ = b.call("t.fail", "{}").await;
+    let _ = b.call("count", "[]").await;
+    let _ = b.call("made.up\u{7}name", "{}").await;
+    let _ = b.call("t.count", "{}").await;
+    let seen = recorder.0.lock().unwrap().clone();
+    let tool = |t: &str| Some(t.to_owned());
+    assert_eq!(
+        seen,
+        vec![
+            (tool("t.count"), "ok"),
+            (tool("t.fail"), "failed"),
+            (tool("t.count"), "invalid-arguments"),
+            (None, "not-found"),
+            (tool("t.count"), "limit-exceeded"),
+        ]
+    );
+}

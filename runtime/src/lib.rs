@@ -46,7 +46,7 @@ pub use backend::{
     Availability, Backend, BackendError, BackendOptions, BackendSession, Job, Unavailable,
     UnavailableKind, backend_by_name,
 };
-pub use broker::{Broker, CallError, ToolGate};
+pub use broker::{Broker, CallError, Observers, ToolCallEvent, ToolCallObserver, ToolGate};
 pub use capture::OutputMeter;
 pub use describe::{DescribeError, Description, DescriptionBuilder, Persistence};
 pub use files::{InputFile, OutputFile};

@@ -9,7 +9,7 @@ use pycage_tools::ToolRegistry;
 use serde_json::{Map, Value};
 
 use crate::backend::{Backend, Job};
-use crate::broker::Broker;
+use crate::broker::{Broker, Observers, ToolCallObserver};
 use crate::policy::{ExposedTools, PolicyError, ToolPolicy};
 use crate::session::Session;
 use crate::{ErrorKind, Limits, RunError, RunResult};
@@ -38,6 +38,8 @@ struct RunnerInner {
     backend: Arc<dyn Backend>,
     exposed: ExposedTools,
     limits: Limits,
+    /// Told of every tool call of every run.
+    observers: Observers,
     /// What the backend's guest environment is, probed once on first use (see
     /// [`Runner::description`]).
     environment: tokio::sync::OnceCell<Arc<crate::describe::Environment>>,
@@ -72,6 +74,23 @@ impl Runner {
     /// The tools each run exposes.
     pub fn exposed_tools(&self) -> &ExposedTools {
         &self.inner.exposed
+    }
+
+    /// This runner (the same backend, tools and limits) with `observer` also told of every
+    /// tool call of its runs and sessions from now on: how a server counts the calls of a
+    /// runner its host built. Runs and sessions of `self` are not observed by it.
+    #[must_use]
+    pub fn observed_by(&self, observer: Arc<dyn ToolCallObserver>) -> Runner {
+        let inner = &self.inner;
+        Runner {
+            inner: Arc::new(RunnerInner {
+                backend: inner.backend.clone(),
+                exposed: inner.exposed.clone(),
+                limits: inner.limits.clone(),
+                observers: inner.observers.with(observer),
+                environment: inner.environment.clone(),
+            }),
+        }
     }
 
     /// Where [`Runner::description`] keeps the probed environment.
@@ -162,11 +181,10 @@ impl Runner {
         }
         validate(&code, &vars, &limits)?;
         crate::files::check_inputs(&files, &limits)?;
-        let broker = Arc::new(Broker::new(
-            next_run_id(),
-            self.inner.exposed.clone(),
-            &limits,
-        ));
+        let broker = Arc::new(
+            Broker::new(next_run_id(), self.inner.exposed.clone(), &limits)
+                .observed_by(self.inner.observers.clone()),
+        );
         let job = Job {
             code,
             vars,
@@ -337,6 +355,7 @@ pub struct RunnerBuilder {
     policy: ToolPolicy,
     limits: Limits,
     allow_no_isolation: bool,
+    observers: Observers,
 }
 
 impl RunnerBuilder {
@@ -361,6 +380,13 @@ impl RunnerBuilder {
     /// The limits of each run started with [`Runner::run`].
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Tells `observer` of every tool call of every run and session (in addition to the
+    /// audit event each call emits on `pycage::audit`).
+    pub fn observe_tool_calls(mut self, observer: Arc<dyn ToolCallObserver>) -> Self {
+        self.observers = self.observers.with(observer);
         self
     }
 
@@ -398,6 +424,7 @@ impl RunnerBuilder {
                 backend,
                 exposed,
                 limits: self.limits,
+                observers: self.observers,
                 environment: tokio::sync::OnceCell::new(),
             }),
         })

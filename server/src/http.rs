@@ -10,7 +10,7 @@
 //! | `DELETE /v1/sessions/{id}` | closes it |
 //! | `GET /v1/description` | the model-facing description and input schema |
 //! | `GET /healthz`, `GET /readyz` | alive; accepting runs |
-//! | `GET /metrics` | Prometheus text: runs by outcome and kind, latency and fuel histograms, tool calls, in-flight and queued runs, live sessions, rejections by reason |
+//! | `GET /metrics` | Prometheus text: runs by outcome and kind, latency and fuel histograms, tool calls by tool and outcome, in-flight and queued runs, live sessions, rejections by reason |
 //!
 //! `files` maps a relative path to base64 content; `limits` is the library's `Limits` JSON
 //! (`{"wall_timeout": "5s", "memory_bytes": 268435456}`), each field over the server's
@@ -70,7 +70,7 @@ pub struct HttpApi {
     slots: Arc<Semaphore>,
     max_concurrent: usize,
     draining: AtomicBool,
-    metrics: metrics::Metrics,
+    metrics: Arc<metrics::Metrics>,
 }
 
 impl HttpApi {
@@ -97,6 +97,8 @@ impl HttpApi {
         defaults: Limits,
         maxima: Limits,
     ) -> Result<Self, StartError> {
+        let metrics = Arc::new(metrics::Metrics::new());
+        let runner = runner.observed_by(metrics.clone());
         let sessions = if runner.backend().supports_sessions() {
             let manager = SessionManager::new(runner.clone(), config.sessions.clone())
                 .map_err(|e| StartError::Sandbox(e.message))?;
@@ -125,7 +127,7 @@ impl HttpApi {
             slots: Arc::new(Semaphore::new(max_concurrent)),
             max_concurrent,
             draining: AtomicBool::new(false),
-            metrics: metrics::Metrics::new(),
+            metrics,
         })
     }
 

@@ -335,24 +335,29 @@ async fn metrics_count_runs_tool_calls_and_rejections() {
     let s = serve(ADD, None).await;
     let (status, before) = s.get("/metrics").await;
     assert_eq!(status, StatusCode::OK);
-    assert!(
-        before.contains("# TYPE pycage_tool_calls counter"),
-        "{before}"
-    );
-    assert_eq!(sample(&before, "pycage_tool_calls_total"), 0.0, "{before}");
+    let add_ok = "pycage_tool_calls_total{tool=\"math.add\",outcome=\"ok\"}";
+    assert_eq!(sample(&before, add_ok), 0.0, "{before}");
     for _ in 0..2 {
         let (status, _) = s
             .post("/v1/runs", json!({"code": "return await add(a=1, b=2)"}))
             .await;
         assert_eq!(status, StatusCode::OK);
     }
+    // A call the tool refuses, and one to a name nothing exposes (counted without its name).
+    let (status, _) = s
+        .post(
+            "/v1/runs",
+            json!({"code": "for name in ['add', 'secret.tool']:\n    try: call_tool(name, a=[])\n    except ToolError: pass"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
     s.post("/v1/runs", json!({"code": "1 / 0"})).await;
     s.post("/v1/runs", json!({"code": "1", "limits": {"nope": 1}}))
         .await;
     let (_, after) = s.get("/metrics").await;
     assert_eq!(
         sample(&after, "pycage_runs_total{outcome=\"ok\",kind=\"\"}"),
-        2.0,
+        3.0,
         "{after}"
     );
     assert_eq!(
@@ -363,7 +368,16 @@ async fn metrics_count_runs_tool_calls_and_rejections() {
         1.0,
         "{after}"
     );
-    assert_eq!(sample(&after, "pycage_tool_calls_total"), 2.0, "{after}");
+    assert!(
+        after.contains("# TYPE pycage_tool_calls counter"),
+        "{after}"
+    );
+    assert_eq!(sample(&after, add_ok), 2.0, "{after}");
+    let refused = "pycage_tool_calls_total{tool=\"math.add\",outcome=\"invalid-arguments\"}";
+    assert_eq!(sample(&after, refused), 1.0, "{after}");
+    let unknown = "pycage_tool_calls_total{tool=\"\",outcome=\"not-found\"}";
+    assert_eq!(sample(&after, unknown), 1.0, "{after}");
+    assert!(!after.contains("secret"), "{after}");
     assert_eq!(
         sample(
             &after,
@@ -374,7 +388,7 @@ async fn metrics_count_runs_tool_calls_and_rejections() {
     );
     assert_eq!(
         sample(&after, "pycage_run_duration_seconds_count"),
-        3.0,
+        4.0,
         "{after}"
     );
     assert_eq!(sample(&after, "pycage_runs_in_flight"), 0.0, "{after}");

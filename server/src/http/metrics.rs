@@ -6,7 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use pycage::RunResult;
+use pycage::{RunResult, ToolCallEvent, ToolCallObserver};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RunLabels {
@@ -14,6 +14,15 @@ struct RunLabels {
     outcome: &'static str,
     /// The error kind (`timeout`, `memory_limit`, ...), empty for a run that succeeded.
     kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    /// The exposed tool's qualified name (`math.add`); empty when the call named no exposed
+    /// tool, so the guest cannot mint labels (the series stay as many as the tools).
+    tool: String,
+    /// `ok`, or the call's error kind (`failed`, `limit-exceeded`, `not-found`, ...).
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -29,7 +38,7 @@ pub(super) struct Metrics {
     runs: Family<RunLabels, Counter>,
     duration: Histogram,
     fuel: Histogram,
-    tool_calls: Counter,
+    tool_calls: Family<ToolLabels, Counter>,
     rejected: Family<RejectLabels, Counter>,
     pub(super) in_flight: Gauge,
     pub(super) queued: Gauge,
@@ -55,10 +64,10 @@ impl Metrics {
         // 10^5 to ~10^11 instructions' worth of fuel.
         let fuel = Histogram::new(exponential_buckets(1e5, 4.0, 11));
         registry.register("run_fuel", "Fuel a run consumed (wasm)", fuel.clone());
-        let tool_calls = Counter::default();
+        let tool_calls = Family::<ToolLabels, Counter>::default();
         registry.register(
             "tool_calls",
-            "Tool calls the runs made (executed by the broker)",
+            "Tool calls the runs made, answered by the broker, by tool and outcome",
             tool_calls.clone(),
         );
         let rejected = Family::<RejectLabels, Counter>::default();
@@ -102,7 +111,6 @@ impl Metrics {
         if let Some(fuel) = result.fuel_consumed {
             self.fuel.observe(fuel as f64);
         }
-        self.tool_calls.inc_by(u64::from(result.tool_calls));
     }
 
     pub(super) fn rejected(&self, reason: &str) {
@@ -118,5 +126,16 @@ impl Metrics {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)
+    }
+}
+
+impl ToolCallObserver for Metrics {
+    fn observe(&self, call: &ToolCallEvent<'_>) {
+        self.tool_calls
+            .get_or_create(&ToolLabels {
+                tool: call.tool.unwrap_or_default().to_owned(),
+                outcome: call.outcome,
+            })
+            .inc();
     }
 }
