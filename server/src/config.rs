@@ -150,6 +150,10 @@ pub struct HttpConfig {
     /// request is ended (default 30 s), so a slow client cannot hold a connection.
     #[serde(with = "pycage_tools::units::duration_text")]
     pub body_read_timeout: Duration,
+    /// `pycage serve`: the longest a client may take to send a request's headers, and the
+    /// longest a kept-alive connection may sit idle (default 10 s).
+    #[serde(with = "pycage_tools::units::duration_text")]
+    pub header_read_timeout: Duration,
     /// Listen beyond loopback without a token (default off): only for a network that only
     /// trusted clients reach, such as a pod behind an authenticating proxy.
     pub insecure_no_auth: bool,
@@ -169,6 +173,7 @@ impl Default for HttpConfig {
             max_body_bytes: 4 << 20,
             shutdown_grace: Duration::from_secs(30),
             body_read_timeout: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(10),
             insecure_no_auth: false,
         }
     }
@@ -297,6 +302,16 @@ impl ServerConfig {
                  without one anyone who reaches the address runs code (insecure_no_auth \
                  serves it anyway, for a network only trusted clients reach)"
             )));
+        }
+        for (name, timeout) in [
+            ("body_read_timeout", self.http.body_read_timeout),
+            ("header_read_timeout", self.http.header_read_timeout),
+        ] {
+            if timeout.is_zero() {
+                return Err(ConfigError::Invalid(format!(
+                    "[http] {name} must be above zero"
+                )));
+            }
         }
         if self.http.max_body_bytes == 0 {
             return Err(ConfigError::Invalid(

@@ -85,6 +85,14 @@ fn bad_values_are_refused_naming_the_table() {
             .to_string()
             .starts_with("[limits]")
     );
+    let header = ServerConfig::from_toml("[http]\nheader_read_timeout = \"0s\"").unwrap();
+    assert!(
+        header
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("[http] header_read_timeout")
+    );
     let sessions = ServerConfig::from_toml("[sessions]\nmax_sessions = 0").unwrap();
     assert!(
         sessions

@@ -724,10 +724,15 @@ pub fn router(api: Arc<HttpApi>, config: &crate::HttpConfig, token: Option<Strin
         .with_state(api)
 }
 
-/// Serves the API on `listener` until `stop` completes; then it drains: no new runs
-/// (`/readyz` 503, runs 503), and the requests in flight may finish for up to
-/// `config.shutdown_grace`. Those still running then are cancelled (their clients' connections
-/// close), and this returns.
+/// Serves the API on `listener` until `stop` completes; then it drains: the listener closes
+/// (`/readyz` and runs answer 503 on connections already open), and the requests in flight
+/// may finish for up to `config.shutdown_grace`. Those still running then are cancelled
+/// (their clients' connections close), and this returns.
+///
+/// Each connection is served by hyper with a timer, so a client must send a request's headers
+/// within `config.header_read_timeout` (and an idle kept-alive connection is closed after it);
+/// a request body that pauses longer than `config.body_read_timeout` is ended (see
+/// [`router`]).
 ///
 /// # Errors
 ///
@@ -739,23 +744,66 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt as _;
+
     let app = router(api.clone(), config, token);
-    let stopped = Arc::new(tokio::sync::Notify::new());
-    let on_stop = stopped.clone();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        stop.await;
-        api.drain();
-        on_stop.notify_one();
-    });
-    let grace = config.shutdown_grace;
-    tokio::select! {
-        served = server => served,
-        () = async {
-            stopped.notified().await;
-            tokio::time::sleep(grace).await;
-        } => {
-            tracing::warn!("the shutdown grace of {grace:?} is over: cancelling the runs still in flight");
-            Ok(())
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(config.header_read_timeout);
+    let builder = Arc::new(builder);
+    let (shutdown, on_shutdown) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => break,
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors, or a connection reset before it was taken:
+                        // wait a moment (so a full table does not spin), then go on.
+                        tracing::warn!(error = %e, "pycage serve: accepting a connection failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let service = hyper::service::service_fn({
+                    let app = app.clone();
+                    move |request: axum::http::Request<hyper::body::Incoming>| {
+                        app.clone().oneshot(request.map(axum::body::Body::new))
+                    }
+                });
+                let builder = builder.clone();
+                let mut on_shutdown = on_shutdown.clone();
+                connections.spawn(async move {
+                    let connection = builder.serve_connection(TokioIo::new(stream), service);
+                    let mut connection = std::pin::pin!(connection);
+                    tokio::select! {
+                        _ = connection.as_mut() => return,
+                        _ = on_shutdown.changed() => connection.as_mut().graceful_shutdown(),
+                    }
+                    let _ = connection.await;
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
+    drop(listener);
+    api.drain();
+    let _ = shutdown.send(true);
+    let grace = config.shutdown_grace;
+    let drained = tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            "the shutdown grace of {grace:?} is over: cancelling the runs still in flight"
+        );
+        connections.shutdown().await;
+    }
+    Ok(())
 }

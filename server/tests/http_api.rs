@@ -27,8 +27,12 @@ async fn serve(toml: &str, token: Option<&str>) -> Served {
     let api = Arc::new(HttpApi::start(&config).await.unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = http::router(api.clone(), &config.http, token.map(str::to_owned));
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (api_, token) = (api.clone(), token.map(str::to_owned));
+    tokio::spawn(async move {
+        http::serve(api_, &config.http, token, listener, std::future::pending())
+            .await
+            .unwrap()
+    });
     Served {
         api,
         base,
@@ -559,6 +563,35 @@ async fn a_client_that_stalls_mid_body_is_cut_off() {
         answer.is_empty() || answer.starts_with("HTTP/1.1 4"),
         "{answer}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_finishes_its_headers_is_cut_off() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let s = serve("[http]\nheader_read_timeout = \"500ms\"\n", None).await;
+    let addr = s.base.strip_prefix("http://").unwrap();
+    // Half a request line, then nothing (slowloris).
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(b"GET /healthz HT").await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the stalled headers were never cut off");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "{answer}"
+    );
+    // A kept-alive connection is closed once idle for as long; a prompt request is served.
+    let mut idle = tokio::net::TcpStream::connect(addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), idle.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the idle connection was never closed");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("ok\n"), "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
