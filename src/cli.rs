@@ -28,6 +28,9 @@ pub enum Command {
     Mcp(Box<McpArgs>),
     /// Serve the HTTP API (`POST /v1/runs`, sessions, the description, health) on ADDR.
     Serve(Box<ServeArgs>),
+    /// Compile the wasm guest now and write the artifact to the cache (or to DIR), so a new
+    /// process, container or replica serves its first run in milliseconds.
+    Prepare(PrepareArgs),
     /// Measure pycage side by side with native baselines on this machine.
     Bench(BenchArgs),
     /// List every backend: whether it isolates, and whether it can run here (and why not).
@@ -36,6 +39,14 @@ pub enum Command {
     #[cfg(unix)]
     #[command(hide = true)]
     Worker(WorkerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PrepareArgs {
+    /// Write the artifact into DIR instead of the cache directory (PYCAGE_CACHE_DIR, else the
+    /// user's cache); serve with PYCAGE_CACHE_DIR=DIR to use it. DIR may be read-only then.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -6,6 +6,7 @@ mod cli;
 mod describe;
 mod exit;
 mod mcp;
+mod prepare;
 mod repl;
 mod report;
 mod run;
@@ -41,7 +42,11 @@ fn main() -> ExitCode {
         Command::Run(_) | Command::Describe(_) | Command::Repl(_) => true,
         #[cfg(unix)]
         Command::Worker(_) => true,
-        Command::Mcp(_) | Command::Serve(_) | Command::Bench(_) | Command::Backends(_) => false,
+        Command::Mcp(_)
+        | Command::Serve(_)
+        | Command::Prepare(_)
+        | Command::Bench(_)
+        | Command::Backends(_) => false,
     };
     if one_run {
         one_malloc_arena();
@@ -61,6 +66,7 @@ fn main() -> ExitCode {
             Command::Repl(args) => repl::repl(*args).await.into(),
             Command::Mcp(args) => mcp::mcp(*args).await.into(),
             Command::Serve(args) => serve::serve(*args).await.into(),
+            Command::Prepare(args) => prepare::prepare(args).await.into(),
             Command::Bench(args) => bench::bench(args).await.into(),
             Command::Backends(args) => backends::list(args).into(),
             #[cfg(unix)]

@@ -20,8 +20,9 @@ pub async fn mcp(args: McpArgs) -> Exit {
             return Exit::Usage;
         }
     };
-    if config.backend == "wasm" && !pycage::WasmBackend::shared().is_ok_and(|w| w.is_cached()) {
-        eprintln!("pycage: compiling the sandbox (first run only; this takes a few seconds)...");
+    if let Err(message) = crate::sandbox::prepare_server_guest(&config.backend).await {
+        eprintln!("pycage: {message}");
+        return Exit::Internal;
     }
     let tool = match PythonTool::start(&config).await {
         Ok(tool) => tool,

@@ -97,3 +97,37 @@ pub fn check_ready(runner: &Runner, wasm: Option<&WasmBackend>) -> Result<(), St
     }
     Ok(())
 }
+
+/// What preparing the guest did, for a line on stderr.
+pub fn describe_source(source: pycage::ArtifactSource) -> &'static str {
+    use pycage::ArtifactSource;
+    match source {
+        ArtifactSource::Cache => "loaded the prepared artifact",
+        ArtifactSource::CacheVerified => "loaded the prepared artifact (its checksum verified)",
+        ArtifactSource::Compiled => "compiled the guest and cached the artifact",
+        ArtifactSource::CompiledUncached => {
+            "compiled the guest (not cached: each new process compiles it again)"
+        }
+    }
+}
+
+/// A server's start on the wasm backend: loads (or compiles) the shared guest before the
+/// server takes requests, and says on stderr which it was and how long it took, so an
+/// operator sees whether a baked artifact was used. Other backends: nothing to do.
+pub async fn prepare_server_guest(backend: &str) -> Result<(), String> {
+    if backend != "wasm" {
+        return Ok(());
+    }
+    let wasm = WasmBackend::shared().map_err(|e| e.to_string())?;
+    if !wasm.is_cached() {
+        eprintln!("pycage: compiling the sandbox (first run only; this takes a few seconds)...");
+    }
+    let started = std::time::Instant::now();
+    let source = wasm.prepare().await.map_err(|e| e.to_string())?;
+    eprintln!(
+        "pycage: the sandbox: {} in {:.0} ms",
+        describe_source(source),
+        started.elapsed().as_secs_f64() * 1000.0
+    );
+    Ok(())
+}

@@ -33,8 +33,9 @@ pub async fn serve(args: ServeArgs) -> Exit {
         },
         None => None,
     };
-    if config.backend == "wasm" && !pycage::WasmBackend::shared().is_ok_and(|w| w.is_cached()) {
-        eprintln!("pycage: compiling the sandbox (first run only; this takes a few seconds)...");
+    if let Err(message) = crate::sandbox::prepare_server_guest(&config.backend).await {
+        eprintln!("pycage: {message}");
+        return Exit::Internal;
     }
     let api = match HttpApi::start(&config).await {
         Ok(api) => Arc::new(api),
