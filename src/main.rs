@@ -22,6 +22,11 @@ use clap::Parser;
 use crate::cli::{Cli, Command};
 use crate::exit::Exit;
 
+/// The static musl build's allocator (see Cargo.toml: musl's own is much slower here).
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The environment variable that sets the log filter (for example `pycage::audit=info`).
 const ENV_LOG: &str = "PYCAGE_LOG";
 

@@ -91,3 +91,46 @@ fn the_deployment_matches_what_the_server_does() {
         "terminationGracePeriodSeconds {grace} must outlast preStop {pre_stop} + shutdown grace {shutdown}"
     );
 }
+
+/// The value after `key` on the first line of `text` that starts with it (trimmed).
+fn after<'a>(text: &'a str, key: &str) -> &'a str {
+    text.lines()
+        .map(str::trim)
+        .find_map(|l| l.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no line starts with {key:?}"))
+        .trim()
+}
+
+#[test]
+fn the_image_and_the_deployment_agree() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("deploy/Dockerfile")).unwrap();
+    let deployment =
+        std::fs::read_to_string(root.join("deploy/kubernetes/deployment.yaml")).unwrap();
+    assert_eq!(after(&dockerfile, "FROM "), "scratch");
+    // The image's user is the pod's.
+    let (uid, gid) = after(&dockerfile, "USER ").split_once(':').unwrap();
+    assert_eq!(after(&deployment, "runAsUser:"), uid);
+    assert_eq!(after(&deployment, "runAsGroup:"), gid);
+    // The baked artifact is where the pod's PYCAGE_CACHE_DIR points.
+    let cache = after(&dockerfile, "ENV PYCAGE_CACHE_DIR=");
+    assert!(
+        dockerfile.contains(&format!("COPY artifacts/ {cache}/")),
+        "{dockerfile}"
+    );
+    let lines: Vec<&str> = deployment.lines().map(str::trim).collect();
+    let env = lines
+        .iter()
+        .position(|l| *l == "- name: PYCAGE_CACHE_DIR")
+        .unwrap();
+    assert_eq!(lines[env + 1], format!("value: {cache}"));
+    // The root is read-only; the scratch directories need a writable /tmp.
+    assert_eq!(after(&deployment, "readOnlyRootFilesystem:"), "true");
+    assert!(lines.contains(&"mountPath: /tmp"), "{deployment}");
+    // The token file the image's default command reads is where the pod mounts its Secret.
+    assert!(
+        dockerfile.contains("\"--token-file\", \"/etc/pycage/token\""),
+        "{dockerfile}"
+    );
+    assert!(lines.contains(&"mountPath: /etc/pycage"), "{deployment}");
+}
