@@ -225,7 +225,65 @@ fn probe() -> Result<CgroupSupport, &'static str> {
             }
         }
     }
+    let bases: Vec<&Path> = match &support {
+        CgroupSupport::V2 { base } => vec![base],
+        CgroupSupport::V1 {
+            pids,
+            memory,
+            unified,
+        } => [Some(pids), Some(memory), unified.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path)
+            .collect(),
+    };
+    let alive = |pid: u32| Path::new(&format!("/proc/{pid}")).exists();
+    for base in bases {
+        sweep_orphans(base, alive, ORPHAN_MIN_AGE);
+    }
     Ok(support)
+}
+
+/// How old an orphaned run cgroup must be before [`sweep_orphans`] removes it: a live run
+/// joins its cgroup within milliseconds of making it.
+const ORPHAN_MIN_AGE: Duration = Duration::from_secs(60);
+
+/// The pid in a run cgroup's name, `run-<hex>-<pid>` (see `native::run_tag`).
+fn owner_pid(name: &str) -> Option<u32> {
+    let (_, pid) = name.strip_prefix("run-")?.rsplit_once('-')?;
+    pid.parse().ok()
+}
+
+/// Removes the run cgroups under `base` that a pycage process which is gone left behind (it
+/// was killed before it could remove them, so a later run's check for leftovers, or an
+/// operator, would find them for ever): named for a pid that no longer runs, with no
+/// members, and older than `min_age`. A cgroup with members is left alone: its owner may be
+/// alive in another pid namespace. Returns how many it removed.
+fn sweep_orphans(base: &Path, alive: impl Fn(u32) -> bool, min_age: Duration) -> usize {
+    let own = std::process::id();
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(owner_pid) else {
+            continue;
+        };
+        let dir = entry.path();
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= min_age));
+        let members = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        if pid == own || !old || alive(pid) || !members.trim().is_empty() {
+            continue;
+        }
+        if std::fs::remove_dir(&dir).is_ok() {
+            tracing::info!(cgroup = %dir.display(), "pycage: removed a run cgroup its dead process left");
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// One run's cgroups. Killed and removed by [`RunCgroup::finish`] (or, as a fallback, on drop).

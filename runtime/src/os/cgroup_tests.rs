@@ -112,3 +112,48 @@ fn the_wrapper_joins_every_cgroup_before_the_command_runs() {
     assert!(out.stdout.is_empty());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_run_cgroups_owner_is_the_pid_in_its_name() {
+    assert_eq!(owner_pid("run-794ccd19-6616"), Some(6616));
+    assert_eq!(owner_pid("run-794ccd19"), None);
+    assert_eq!(owner_pid("session-1-2"), None);
+    assert_eq!(owner_pid("run-ab-x"), None);
+}
+
+#[test]
+fn orphaned_run_cgroups_of_dead_processes_are_swept_and_nothing_else() {
+    let base = tempfile::tempdir().unwrap();
+    let own = std::process::id();
+    for name in [
+        "run-aa-111".to_owned(), // owner dead, empty: swept
+        "run-bb-222".to_owned(), // owner alive: kept
+        "run-cc-333".to_owned(), // owner dead, but a member: kept
+        format!("run-dd-{own}"), // ours: kept
+        "not-a-run".to_owned(),  // not ours to judge: kept
+    ] {
+        std::fs::create_dir(base.path().join(name)).unwrap();
+    }
+    std::fs::write(base.path().join("run-cc-333/cgroup.procs"), "4242\n").unwrap();
+    let alive = |pid: u32| pid == 222;
+    // Too young: a run that has not joined yet looks the same.
+    assert_eq!(
+        sweep_orphans(base.path(), alive, Duration::from_secs(3600)),
+        0
+    );
+    assert_eq!(sweep_orphans(base.path(), alive, Duration::ZERO), 1);
+    let mut left: Vec<String> = std::fs::read_dir(base.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "not-a-run".to_owned(),
+            "run-bb-222".to_owned(),
+            "run-cc-333".to_owned(),
+            format!("run-dd-{own}")
+        ]
+    );
+}
