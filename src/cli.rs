@@ -183,7 +183,7 @@ pub struct McpArgs {
     /// Code mode: start the MCP server COMMAND (split like a shell, none run), or connect to
     /// one at an `http://` URL (streamable HTTP), and let the code call its tools as
     /// `NAME.tool(...)`, each allowed like any tool (`--allow NAME.tool` or `--namespace
-    /// NAME`). Repeatable; adds to the file's [[upstream]].
+    /// NAME`). Repeatable; adds to the file's `[[upstream]]`.
     #[arg(long = "upstream", value_name = "NAME='COMMAND ARGS'|NAME=URL", value_parser = pycage_server::UpstreamConfig::parse_flag)]
     pub upstreams: Vec<pycage_server::UpstreamConfig>,
 }

@@ -134,7 +134,7 @@ impl DescriptionBuilder {
     }
 
     /// Describes runs with these limits instead of the runner's (for a host that passes its
-    /// own in each [`RunRequest`](crate::RunRequest)).
+    /// own in each [`RunRequest`]).
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = Some(limits);
         self

@@ -5,7 +5,7 @@
 //!
 //! The socket has mode 0600 inside a directory of mode 0700 (see [`RunDir`]). What the server
 //! does with each connection (frame caps, the byte budget, the token check, the end of the
-//! run) is in [`serve`](super::serve), shared with the Windows named pipe.
+//! run) is in the `os::serve` module, shared with the Windows named pipe.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //!
 //! The worker reads a [`WorkerRequest`] (JSON) on stdin, loads the guest from a read-only,
 //! already prepared artifact cache (it never compiles), and runs the job with
-//! [`WasmBackend::run_gated`], its tool calls going over the run's socket to the host's
+//! [`WasmBackend::run_gated`](crate::WasmBackend::run_gated), its tool calls going over the run's socket to the host's
 //! broker ([`SocketGate`]). It sends its result, with the guest's captured output and fuel,
 //! as the run's result frame. An executable that hosts the worker calls [`serve`] when it is
 //! started as `<exe> worker --cache-dir <dir>` (the `pycage` CLI does).
