@@ -541,9 +541,19 @@ async fn the_live_server_answers_as_its_openapi_document_says() {
     );
 }
 
+/// What the server sends on `stream` until it closes the connection; panics with `what` when it
+/// has not closed it within 20 s.
+async fn until_closed(stream: &mut tokio::net::TcpStream, what: &str) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "{what}");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stalls_mid_body_is_cut_off() {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::io::AsyncWriteExt as _;
     let s = serve("[http]\nbody_read_timeout = \"500ms\"\n", None).await;
     let addr = s.base.strip_prefix("http://").unwrap();
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -555,10 +565,7 @@ async fn a_client_that_stalls_mid_body_is_cut_off() {
         )
         .await
         .unwrap();
-    let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer)).await;
-    assert!(read.is_ok(), "the stalled request was never ended");
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = until_closed(&mut stream, "the stalled request was never ended").await;
     assert!(
         answer.is_empty() || answer.starts_with("HTTP/1.1 4"),
         "{answer}"
@@ -567,16 +574,13 @@ async fn a_client_that_stalls_mid_body_is_cut_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_finishes_its_headers_is_cut_off() {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::io::AsyncWriteExt as _;
     let s = serve("[http]\nheader_read_timeout = \"500ms\"\n", None).await;
     let addr = s.base.strip_prefix("http://").unwrap();
     // Half a request line, then nothing (slowloris).
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream.write_all(b"GET /healthz HT").await.unwrap();
-    let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer)).await;
-    assert!(read.is_ok(), "the stalled headers were never cut off");
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = until_closed(&mut stream, "the stalled headers were never cut off").await;
     assert!(
         answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
         "{answer}"
@@ -586,10 +590,7 @@ async fn a_client_that_never_finishes_its_headers_is_cut_off() {
     idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
-    let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(20), idle.read_to_end(&mut answer)).await;
-    assert!(read.is_ok(), "the idle connection was never closed");
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = until_closed(&mut idle, "the idle connection was never closed").await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.ends_with("ok\n"), "{answer}");
 }
