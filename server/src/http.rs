@@ -99,15 +99,7 @@ impl HttpApi {
     ) -> Result<Self, StartError> {
         let metrics = Arc::new(metrics::Metrics::new());
         let runner = runner.observed_by(metrics.clone());
-        let sessions = if runner.backend().supports_sessions() {
-            let manager = SessionManager::new(runner.clone(), config.sessions.clone())
-                .map_err(|e| StartError::Sandbox(e.message))?;
-            let manager = Arc::new(manager);
-            manager.spawn_sweeper(crate::sandbox::SWEEP_EVERY);
-            Some(manager)
-        } else {
-            None
-        };
+        let sessions = crate::sandbox::sessions(&runner, config)?;
         let description = runner
             .description()
             .session(sessions.is_some())

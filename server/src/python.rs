@@ -121,15 +121,7 @@ impl PythonTool {
         config: &ServerConfig,
         maxima: Limits,
     ) -> Result<Self, StartError> {
-        let sessions = if runner.backend().supports_sessions() {
-            let manager = SessionManager::new(runner.clone(), config.sessions.clone())
-                .map_err(|e| StartError::Sandbox(e.message))?;
-            let manager = Arc::new(manager);
-            manager.spawn_sweeper(crate::sandbox::SWEEP_EVERY);
-            Some(manager)
-        } else {
-            None
-        };
+        let sessions = crate::sandbox::sessions(&runner, config)?;
         let persistence = if sessions.is_some() {
             Persistence::OnRequest
         } else {

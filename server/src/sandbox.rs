@@ -57,6 +57,26 @@ pub fn runner(
 /// soon rather than at the next session request.
 pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The session manager of a server over `runner`, with `config`'s sessions and a sweeper;
+/// `None` when the backend keeps no sessions.
+///
+/// # Errors
+///
+/// [`StartError::Sandbox`](crate::StartError::Sandbox) when `[sessions]` is unusable.
+pub fn sessions(
+    runner: &Runner,
+    config: &ServerConfig,
+) -> Result<Option<std::sync::Arc<pycage::SessionManager>>, crate::StartError> {
+    if !runner.backend().supports_sessions() {
+        return Ok(None);
+    }
+    let manager = pycage::SessionManager::new(runner.clone(), config.sessions.clone())
+        .map_err(|e| crate::StartError::Sandbox(e.message))?;
+    let manager = std::sync::Arc::new(manager);
+    manager.spawn_sweeper(SWEEP_EVERY);
+    Ok(Some(manager))
+}
+
 /// Everything a server starts from `config`: checked, its tools loaded, its upstreams
 /// connected (each under its own namespace), and the runner over them; with the maxima a
 /// call may ask for.
