@@ -50,22 +50,13 @@ pub async fn mcp(args: McpArgs) -> Exit {
 
 /// Serves streamable HTTP on `addr` until SIGINT or SIGTERM.
 async fn serve_http(tool: Arc<PythonTool>, config: &ServerConfig, addr: SocketAddr) -> Exit {
-    let token = match &config.http.token_file {
-        Some(path) => match http::read_token(path) {
-            Ok(token) => Some(token),
-            Err(message) => {
-                eprintln!("pycage: {message}");
-                return Exit::Usage;
-            }
-        },
-        None => None,
+    let token = match token(&config.http) {
+        Ok(token) => token,
+        Err(exit) => return exit,
     };
-    let listener = match tokio::net::TcpListener::bind(addr).await {
+    let listener = match listen(addr).await {
         Ok(listener) => listener,
-        Err(e) => {
-            eprintln!("pycage: cannot listen on {addr}: {e}");
-            return Exit::Usage;
-        }
+        Err(exit) => return exit,
     };
     let bound = listener.local_addr().unwrap_or(addr);
     eprintln!("pycage: serving MCP at {}", http::endpoint(bound));
@@ -168,4 +159,24 @@ pub(crate) fn apply_sandbox_flags(config: &mut ServerConfig, flags: &SandboxArgs
     if let Some(n) = flags.max_files {
         limits.max_files = n;
     }
+}
+
+/// The bearer token of `[http] token_file`, if one is set; a usage error (said on stderr)
+/// when the file is unusable.
+pub fn token(config: &pycage_server::HttpConfig) -> Result<Option<String>, Exit> {
+    let Some(path) = &config.token_file else {
+        return Ok(None);
+    };
+    http::read_token(path).map(Some).map_err(|message| {
+        eprintln!("pycage: {message}");
+        Exit::Usage
+    })
+}
+
+/// A listener on `addr`; a usage error (said on stderr) when it cannot be had.
+pub async fn listen(addr: SocketAddr) -> Result<tokio::net::TcpListener, Exit> {
+    tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        eprintln!("pycage: cannot listen on {addr}: {e}");
+        Exit::Usage
+    })
 }

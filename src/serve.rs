@@ -23,15 +23,9 @@ pub async fn serve(args: ServeArgs) -> Exit {
             return Exit::Usage;
         }
     };
-    let token = match &config.http.token_file {
-        Some(path) => match pycage_server::mcp::http::read_token(path) {
-            Ok(token) => Some(token),
-            Err(message) => {
-                eprintln!("pycage: {message}");
-                return Exit::Usage;
-            }
-        },
-        None => None,
+    let token = match crate::mcp::token(&config.http) {
+        Ok(token) => token,
+        Err(exit) => return exit,
     };
     if let Err(message) = crate::sandbox::prepare_server_guest(&config.backend).await {
         eprintln!("pycage: {message}");
@@ -48,12 +42,9 @@ pub async fn serve(args: ServeArgs) -> Exit {
             return Exit::Internal;
         }
     };
-    let listener = match tokio::net::TcpListener::bind(addr).await {
+    let listener = match crate::mcp::listen(addr).await {
         Ok(listener) => listener,
-        Err(e) => {
-            eprintln!("pycage: cannot listen on {addr}: {e}");
-            return Exit::Usage;
-        }
+        Err(exit) => return exit,
     };
     let bound = listener.local_addr().unwrap_or(addr);
     eprintln!("pycage: serving the HTTP API at http://{bound}/v1/");
