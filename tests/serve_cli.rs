@@ -50,9 +50,24 @@ fn start(args: &[&str]) -> (Server, String) {
     (Server(child), base)
 }
 
+/// Sends the server SIGTERM.
+fn terminate(server: &Server) {
+    let pid = server.0.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+}
+
+/// Waits (off the runtime's threads) for the server to exit.
+async fn exit_status(mut server: Server) -> std::process::ExitStatus {
+    tokio::task::spawn_blocking(move || server.0.wait())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pycage_serve_runs_code_and_drains_on_sigterm() {
-    let (mut server, base) = start(&["--allow", "add"]);
+    let (server, base) = start(&["--allow", "add"]);
     let client = reqwest::Client::new();
     let r: Value = client
         .post(format!("{base}/v1/runs"))
@@ -81,23 +96,14 @@ async fn pycage_serve_runs_code_and_drains_on_sigterm() {
         }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let pid = server.0.id().to_string();
-    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    assert!(killed.success());
+    terminate(&server);
     let r: Value = slow.await.unwrap().unwrap().json().await.unwrap();
     assert_eq!(
         r["value"],
         json!("finished"),
         "the run in flight finishes: {r:#}"
     );
-    let status = tokio::task::spawn_blocking(move || {
-        let status = server.0.wait();
-        (status, server)
-    })
-    .await
-    .unwrap()
-    .0
-    .unwrap();
+    let status = exit_status(server).await;
     assert_eq!(
         status.code(),
         Some(0),
@@ -119,7 +125,7 @@ fn pycage_serve_will_not_listen_beyond_loopback_without_a_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_past_the_shutdown_grace_is_cancelled_and_the_server_exits() {
-    let (mut server, base) = start(&["--shutdown-grace", "1s"]);
+    let (server, base) = start(&["--shutdown-grace", "1s"]);
     let client = reqwest::Client::new();
     let spinning = tokio::spawn({
         let url = format!("{base}/v1/runs");
@@ -132,22 +138,8 @@ async fn a_run_past_the_shutdown_grace_is_cancelled_and_the_server_exits() {
         }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let pid = server.0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let status = tokio::task::spawn_blocking(move || {
-        let status = server.0.wait();
-        (status, server)
-    })
-    .await
-    .unwrap()
-    .0
-    .unwrap();
+    terminate(&server);
+    let status = exit_status(server).await;
     assert_eq!(status.code(), Some(0));
     // The run did not get its 60 s: its connection closed when the grace ran out.
     let answer = tokio::time::timeout(Duration::from_secs(30), spinning)
