@@ -10,15 +10,24 @@ use crate::cli::BackendsArgs;
 use crate::exit::Exit;
 
 /// The backend called `name`, and the wasm backend when it is that one (for the first-run
-/// notice).
-pub fn by_name(name: &str) -> Result<(Arc<dyn Backend>, Option<WasmBackend>), String> {
+/// notice); deterministic with `seed` (the wasm backend only).
+pub fn by_name(
+    name: &str,
+    seed: Option<u64>,
+) -> Result<(Arc<dyn Backend>, Option<WasmBackend>), String> {
+    if seed.is_some() && name != "wasm" {
+        return Err(format!(
+            "--deterministic needs the wasm backend; `{name}` runs on the host's clocks and entropy"
+        ));
+    }
     let mut options = BackendOptions::new();
     let wasm = if name == "wasm" {
         // One run needs one instance: reserve pooling slots for a few, not for a thousand.
-        let wasm = WasmBackend::builder()
-            .max_instances(2)
-            .build()
-            .map_err(|e| e.to_string())?;
+        let mut builder = WasmBackend::builder().max_instances(2);
+        if let Some(seed) = seed {
+            builder = builder.deterministic(seed);
+        }
+        let wasm = builder.build().map_err(|e| e.to_string())?;
         options = options.wasm(wasm.clone());
         Some(wasm)
     } else {
@@ -33,7 +42,7 @@ pub fn list(args: BackendsArgs) -> Exit {
     let rows: Vec<_> = BACKEND_NAMES
         .iter()
         .map(|name| {
-            let (isolation, sessions, availability) = match by_name(name) {
+            let (isolation, sessions, availability) = match by_name(name, None) {
                 Ok((backend, w)) => {
                     if w.is_some() {
                         wasm = w;

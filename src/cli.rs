@@ -302,6 +302,22 @@ pub struct SandboxArgs {
     /// user's files, network and processes.
     #[arg(long = "allow-no-isolation")]
     pub allow_no_isolation: bool,
+
+    /// Make the run reproducible (wasm backend): virtual clocks from 2000-01-01, seeded
+    /// random bytes, NaNs canonicalized; same inputs give the same output and fuel.
+    #[arg(long)]
+    pub deterministic: bool,
+
+    /// The seed of a deterministic run's random bytes [default: 0].
+    #[arg(long, value_name = "N", requires = "deterministic")]
+    pub seed: Option<u64>,
+}
+
+impl SandboxArgs {
+    /// The deterministic mode's seed, if the flags ask for deterministic runs.
+    pub fn seed(&self) -> Option<u64> {
+        self.deterministic.then(|| self.seed.unwrap_or(0))
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

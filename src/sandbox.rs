@@ -46,7 +46,8 @@ pub fn runner(
     policy: ToolPolicy,
     limits: Limits,
 ) -> Result<(Runner, Option<WasmBackend>), String> {
-    let (backend, wasm) = backends::by_name(args.backend.as_deref().unwrap_or("wasm"))?;
+    let (backend, wasm) =
+        backends::by_name(args.backend.as_deref().unwrap_or("wasm"), args.seed())?;
     let runner = Runner::builder()
         .backend(backend)
         .tools(tools)

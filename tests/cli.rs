@@ -278,6 +278,11 @@ fn usage_errors_exit_2_and_say_why() {
             &["run", "-c", "1", "--tools", "/no/such/tools.toml"],
             "tools.toml",
         ),
+        (&["run", "-c", "1", "--seed", "3"], "--deterministic"),
+        (
+            &["run", "-c", "1", "--deterministic", "--backend", "local"],
+            "needs the wasm backend",
+        ),
         (&["frobnicate"], "frobnicate"),
     ];
     for (args, needle) in cases {
@@ -290,6 +295,35 @@ fn usage_errors_exit_2_and_say_why() {
         );
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+#[test]
+fn deterministic_runs_repeat_byte_for_byte_and_the_seed_changes_them() {
+    let code =
+        "import random, time, uuid\nprint(time.time(), uuid.uuid4())\nreturn random.random()";
+    let run = |seed: &str| {
+        let out = pycage(&[
+            "run",
+            "--json",
+            "--deterministic",
+            "--seed",
+            seed,
+            "-c",
+            code,
+        ]);
+        assert_eq!(self::code(&out), 0, "{}", stderr(&out));
+        let r = json_result(&out);
+        (
+            r["stdout"].clone(),
+            r["value"].clone(),
+            r["fuel_consumed"].clone(),
+        )
+    };
+    let (a, b, c) = (run("1"), run("1"), run("2"));
+    assert_eq!(a, b);
+    assert!(a.2.as_u64().unwrap() > 0, "{a:?}");
+    assert_ne!(a.1, c.1, "another seed, other random numbers");
+    assert!(a.0.as_str().unwrap().starts_with("946684800.0 "), "{a:?}");
 }
 
 #[test]

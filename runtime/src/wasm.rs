@@ -12,6 +12,7 @@
 mod bindings;
 mod cache;
 mod classify;
+mod clock;
 #[cfg(test)]
 mod component_tests;
 mod engine;
@@ -88,6 +89,8 @@ pub struct WasmBackendBuilder {
     max_instances: u32,
     meter_fuel: bool,
     reset_in_place: bool,
+    /// Deterministic mode's seed (`None`: not deterministic).
+    seed: Option<u64>,
 }
 
 impl Default for WasmBackendBuilder {
@@ -98,6 +101,7 @@ impl Default for WasmBackendBuilder {
             max_instances: engine::DEFAULT_MAX_INSTANCES,
             meter_fuel: true,
             reset_in_place: true,
+            seed: None,
         }
     }
 }
@@ -131,6 +135,27 @@ impl WasmBackendBuilder {
     /// budgets; the compiled code is a little faster (see `pycage bench`).
     pub fn meter_fuel(mut self, meter: bool) -> Self {
         self.meter_fuel = meter;
+        self
+    }
+
+    /// Makes every run reproducible (default: not deterministic). Same code, inputs, files,
+    /// seed and tool results give the same stdout, stderr, value, files and fuel, byte for
+    /// byte, on any machine and under any load, pooled or fresh:
+    ///
+    /// - both of the guest's clocks read one virtual time, starting at 2000-01-01T00:00:00Z
+    ///   (monotonic: 0) in each instance, moved on 1 µs by each reading and by exactly the
+    ///   time asked for by a sleep, which returns at once;
+    /// - random bytes (`os.urandom`, so `random`, `secrets` and `uuid.uuid4()`; and WASI's
+    ///   insecure random) come from ChaCha20 keyed by `seed`;
+    /// - the engine canonicalizes NaNs and uses deterministic relaxed SIMD (a separate
+    ///   compiled artifact);
+    /// - fuel is metered ([`meter_fuel`](Self::meter_fuel) is ignored), and the warm pool,
+    ///   which never primes a metered instance, hands out instances identical to new ones.
+    ///
+    /// The wall-clock limit still applies in real time: on a slower machine a run can end as
+    /// a timeout where a faster one finished, but never with a different output.
+    pub fn deterministic(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
         self
     }
 
@@ -385,8 +410,13 @@ impl Inner {
     /// the pooling allocator is unavailable); the guest is loaded on first use.
     fn new(settings: WasmBackendBuilder, reset: SlotReset) -> Result<Inner, WasmError> {
         let max_instances = settings.max_instances.max(settings.warm_pool as u32 + 1);
-        let (engine, reset) = engine::new_engine(max_instances, settings.meter_fuel, reset)
-            .map_err(|e| WasmError::Engine(e.to_string()))?;
+        let (engine, reset) = engine::new_engine(
+            max_instances,
+            settings.meter_fuel || settings.seed.is_some(),
+            settings.seed.is_some(),
+            reset,
+        )
+        .map_err(|e| WasmError::Engine(e.to_string()))?;
         Ok(Inner {
             engine,
             reset,
@@ -394,7 +424,12 @@ impl Inner {
             prepared: tokio::sync::OnceCell::new(),
             pool: (settings.warm_pool > 0)
                 // Priming changes the fuel a run takes; metered pools do not prime.
-                .then(|| WarmPool::new(settings.warm_pool, !settings.meter_fuel)),
+                .then(|| {
+                    WarmPool::new(
+                        settings.warm_pool,
+                        !settings.meter_fuel && settings.seed.is_none(),
+                    )
+                }),
             settings,
         })
     }
@@ -452,13 +487,14 @@ impl Inner {
             .get()
             .ok_or_else(|| wasmtime::format_err!("the guest is not prepared"))?;
         let reaped = reaper::reaped();
-        let meter_fuel = self.settings.meter_fuel;
-        match Fresh::new(&self.engine, &prepared.pre, meter_fuel, self.reset).await {
+        let meter_fuel = self.settings.meter_fuel || self.settings.seed.is_some();
+        let seed = self.settings.seed;
+        match Fresh::new(&self.engine, &prepared.pre, meter_fuel, self.reset, seed).await {
             // Used instances give their slots back on the reaper thread: when every slot is
             // taken, some may be waiting there, or have just come free.
             Err(_) if reaper::pending() || reaper::reaped() != reaped => {
                 reaper::drained().await;
-                Fresh::new(&self.engine, &prepared.pre, meter_fuel, self.reset).await
+                Fresh::new(&self.engine, &prepared.pre, meter_fuel, self.reset, seed).await
             }
             result => result,
         }

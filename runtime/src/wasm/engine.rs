@@ -53,10 +53,15 @@ pub(crate) const FUEL_YIELD_INTERVAL: u64 = 10_000_000;
 /// [`FUEL_YIELD_INTERVAL`] units and the run's async deadline ends it there. Compiling in
 /// both checks cost 21-31% on the compute case over the unmetered engine; fuel alone costs
 /// 1-8% (`pycage bench --only fuel_overhead`, side by side).
-pub(crate) fn config(meter_fuel: bool) -> Config {
+///
+/// A `deterministic` engine also canonicalizes NaNs and makes relaxed SIMD deterministic, so
+/// float results do not depend on the host's CPU.
+pub(crate) fn config(meter_fuel: bool, deterministic: bool) -> Config {
     let mut config = Config::new();
     config
         .wasm_component_model(true)
+        .cranelift_nan_canonicalization(deterministic)
+        .relaxed_simd_deterministic(deterministic)
         .consume_fuel(meter_fuel)
         .epoch_interruption(!meter_fuel)
         .max_wasm_stack(MAX_WASM_STACK)
@@ -149,9 +154,10 @@ fn pooling(max_instances: u32, reset: SlotReset) -> PoolingAllocationConfig {
 pub(crate) fn new_engine(
     max_instances: u32,
     meter_fuel: bool,
+    deterministic: bool,
     reset: SlotReset,
 ) -> wasmtime::Result<(Engine, SlotReset)> {
-    let mut pooled = config(meter_fuel);
+    let mut pooled = config(meter_fuel, deterministic);
     pooled.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling(
         max_instances,
         reset,
@@ -160,7 +166,10 @@ pub(crate) fn new_engine(
         Ok(engine) => (engine, reset),
         Err(e) => {
             tracing::warn!(error = %e, "pycage: pooling allocator unavailable; allocating on demand");
-            (Engine::new(&config(meter_fuel))?, SlotReset::Release)
+            (
+                Engine::new(&config(meter_fuel, deterministic))?,
+                SlotReset::Release,
+            )
         }
     };
     tracing::debug!(?reset, "pycage: wasm engine");

@@ -18,6 +18,7 @@ use wasmtime_wasi::WasiCtx;
 
 use super::bindings::{Sandbox, SandboxPre};
 use super::classify::{self, Ending, Evidence};
+use super::clock::VirtualClock;
 use super::engine::{FUEL_YIELD_INTERVAL, SlotReset};
 use super::fs::ScratchSlot;
 use super::reaper::GuestStore;
@@ -55,16 +56,29 @@ pub(crate) struct Outcome {
 impl Fresh {
     /// Instantiates a guest in a new store. Deny by construction: no args, no environment, no
     /// preopened directories, stdin closed, stdout and stderr captured. `reset` is how
-    /// `engine` resets its slots.
+    /// `engine` resets its slots. With a `seed` the instance is deterministic: its clocks are
+    /// virtual (see `super::clock`) and its random bytes, secure and insecure, come from
+    /// ChaCha20 streams keyed by the seed.
     pub async fn new(
         engine: &Engine,
         pre: &SandboxPre<RunState>,
         meter_fuel: bool,
         reset: SlotReset,
+        seed: Option<u64>,
     ) -> wasmtime::Result<Fresh> {
         let stdout = CapturePipe::new(0);
         let stderr = CapturePipe::new(0);
-        let wasi = WasiCtx::builder()
+        let mut wasi = WasiCtx::builder();
+        if let Some(seed) = seed {
+            use rand_core::SeedableRng;
+            // Two streams of one key: the secure one on stream 0, the insecure one on 1.
+            let mut insecure = chacha20::ChaCha20Rng::seed_from_u64(seed);
+            insecure.set_stream(1);
+            wasi.secure_random(chacha20::ChaCha20Rng::seed_from_u64(seed))
+                .insecure_random(insecure)
+                .insecure_random_seed(u128::from(seed));
+        }
+        let wasi = wasi
             .stdout(stdout.clone())
             .stderr(stderr.clone())
             .max_random_size(MAX_RANDOM_BYTES)
@@ -87,6 +101,7 @@ impl Fresh {
             stderr,
             reset,
             scratch: ScratchSlot::None,
+            virtual_clock: seed.map(|_| VirtualClock::default()),
         };
         let mut store = GuestStore::new(Store::new(engine, state));
         store.limiter(|s| &mut s.limiter);

@@ -19,12 +19,12 @@ use wasmtime::component::{
 };
 use wasmtime::{Engine, StoreContextMut};
 use wasmtime_wasi::cli::{WasiCli, WasiCliView};
-use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
 use wasmtime_wasi::p2::bindings as wasi;
 use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
 use wasmtime_wasi::{ResourceTable, WasiView};
 
 use super::bindings::pycage::sandbox::host;
+use super::clock::GuestClocks;
 use super::fs::ScratchFs;
 use super::state::RunState;
 use crate::broker::CallError;
@@ -147,8 +147,11 @@ fn link_granted_wasi(l: &mut Linker<RunState>) -> wasmtime::Result<()> {
     io::error::add_to_linker::<RunState, Io>(l, |t| t.ctx().table)?;
     io::poll::add_to_linker::<RunState, Io>(l, |t| t.ctx().table)?;
     io::streams::add_to_linker::<RunState, Io>(l, |t| t.ctx().table)?;
-    wasi::clocks::wall_clock::add_to_linker::<RunState, WasiClocks>(l, RunState::clocks)?;
-    wasi::clocks::monotonic_clock::add_to_linker::<RunState, WasiClocks>(l, RunState::clocks)?;
+    wasi::clocks::wall_clock::add_to_linker::<RunState, GuestClocks>(l, RunState::guest_clocks)?;
+    wasi::clocks::monotonic_clock::add_to_linker::<RunState, GuestClocks>(
+        l,
+        RunState::guest_clocks,
+    )?;
     wasi::random::random::add_to_linker::<RunState, WasiRandom>(l, RunState::random)?;
     wasi::filesystem::types::add_to_linker::<RunState, ScratchFs>(l, RunState::scratch_fs)?;
     wasi::filesystem::preopens::add_to_linker::<RunState, ScratchFs>(l, RunState::scratch_fs)?;

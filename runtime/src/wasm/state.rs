@@ -9,6 +9,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use wasmtime_wasi::filesystem::WasiFilesystemCtxView;
 
+use super::clock::VirtualClock;
 use super::engine::SlotReset;
 use super::fs::{ScratchSlot, ScratchView};
 use crate::broker::ToolGate;
@@ -39,6 +40,9 @@ pub(crate) struct RunState {
     pub reset: SlotReset,
     /// The guest's scratch directory (its working directory, and its files in and out).
     pub scratch: ScratchSlot,
+    /// In deterministic mode, the time both of the guest's clocks read (see `super::clock`);
+    /// `None`: the host's clocks.
+    pub virtual_clock: Option<VirtualClock>,
 }
 
 impl RunState {
