@@ -33,6 +33,9 @@ pub enum Command {
     Prepare(PrepareArgs),
     /// Measure pycage side by side with native baselines on this machine.
     Bench(BenchArgs),
+    /// Run programs deterministically and print each one's fuel, stdout digest and status:
+    /// a cost that does not depend on the machine or its load.
+    Meter(Box<MeterArgs>),
     /// List every backend: whether it isolates, and whether it can run here (and why not).
     Backends(BackendsArgs),
     /// The layered backend's worker (started by pycage itself inside bubblewrap; Unix only).
@@ -308,16 +311,30 @@ pub struct SandboxArgs {
     #[arg(long)]
     pub deterministic: bool,
 
-    /// The seed of a deterministic run's random bytes [default: 0].
-    #[arg(long, value_name = "N", requires = "deterministic")]
+    /// The seed of a deterministic run's random bytes (implies --deterministic) [default: 0].
+    #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
 }
 
 impl SandboxArgs {
     /// The deterministic mode's seed, if the flags ask for deterministic runs.
     pub fn seed(&self) -> Option<u64> {
-        self.deterministic.then(|| self.seed.unwrap_or(0))
+        (self.deterministic || self.seed.is_some()).then(|| self.seed.unwrap_or(0))
     }
+}
+
+#[derive(Debug, Args)]
+pub struct MeterArgs {
+    /// Python files to run, each in a fresh deterministic sandbox.
+    #[arg(value_name = "FILE", required = true)]
+    pub files: Vec<PathBuf>,
+
+    /// Print one JSON object per program, on one line each.
+    #[arg(long)]
+    pub json: bool,
+
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

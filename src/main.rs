@@ -6,6 +6,7 @@ mod cli;
 mod describe;
 mod exit;
 mod mcp;
+mod meter;
 mod prepare;
 mod repl;
 mod report;
@@ -44,7 +45,7 @@ fn main() -> ExitCode {
     };
     // `run`, `describe` and `worker` run one guest and exit; the others may run many at once.
     let one_run = match &cli.command {
-        Command::Run(_) | Command::Describe(_) | Command::Repl(_) => true,
+        Command::Run(_) | Command::Describe(_) | Command::Repl(_) | Command::Meter(_) => true,
         #[cfg(unix)]
         Command::Worker(_) => true,
         Command::Mcp(_)
@@ -73,6 +74,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve::serve(*args).await.into(),
             Command::Prepare(args) => prepare::prepare(args).await.into(),
             Command::Bench(args) => bench::bench(args).await.into(),
+            Command::Meter(args) => meter::meter(*args).await.into(),
             Command::Backends(args) => backends::list(args).into(),
             #[cfg(unix)]
             Command::Worker(args) => worker::worker(args).await,

@@ -1,6 +1,6 @@
 //! `pycage run`: resolve the arguments into a runner and a request, run, report.
 
-use pycage::{ErrorKind, InputFile, Limits, RunRequest, Runner, WasmBackend};
+use pycage::{ErrorKind, InputFile, Limits, RunRequest, RunResult, Runner, WasmBackend};
 use pycage_tools::json::{self, JsonError};
 use serde_json::{Map, Value};
 use std::io::Read;
@@ -53,6 +53,11 @@ pub async fn run(args: RunArgs) -> Exit {
         eprintln!("pycage: --out-dir {}: {e}", dir.display());
         return Exit::Usage;
     }
+    exit_of(&result)
+}
+
+/// How `pycage run` exits for `result`.
+pub(crate) fn exit_of(result: &RunResult) -> Exit {
     match result.error.as_ref().map(|e| e.kind) {
         None => Exit::Ok,
         Some(ErrorKind::InvalidInput) => Exit::Usage,
@@ -116,7 +121,7 @@ fn read_files(specs: &[String], limits: &Limits) -> Result<Vec<InputFile>, Strin
     Ok(files)
 }
 
-fn read_code(file: Option<&Path>, code: Option<String>) -> Result<String, String> {
+pub(crate) fn read_code(file: Option<&Path>, code: Option<String>) -> Result<String, String> {
     if let Some(code) = code {
         return Ok(code);
     }

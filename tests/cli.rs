@@ -278,7 +278,7 @@ fn usage_errors_exit_2_and_say_why() {
             &["run", "-c", "1", "--tools", "/no/such/tools.toml"],
             "tools.toml",
         ),
-        (&["run", "-c", "1", "--seed", "3"], "--deterministic"),
+        (&["run", "-c", "1", "--seed", "x"], "--seed"),
         (
             &["run", "-c", "1", "--deterministic", "--backend", "local"],
             "needs the wasm backend",
@@ -324,6 +324,61 @@ fn deterministic_runs_repeat_byte_for_byte_and_the_seed_changes_them() {
     assert!(a.2.as_u64().unwrap() > 0, "{a:?}");
     assert_ne!(a.1, c.1, "another seed, other random numbers");
     assert!(a.0.as_str().unwrap().starts_with("946684800.0 "), "{a:?}");
+}
+
+#[test]
+fn meter_scores_programs_by_fuel_and_exits_with_the_worst_status() {
+    let ok = write_temp(
+        "ok.py",
+        b"import random\nprint(sum(random.random() for _ in range(100)))\n",
+    );
+    let bad = write_temp("bad.py", b"raise ValueError('no')\n");
+    let meter = |files: &[&Path]| {
+        let mut args = vec!["meter", "--json"];
+        args.extend(files.iter().map(|f| f.to_str().unwrap()));
+        let out = pycage(&args);
+        let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (code(&out), lines)
+    };
+    let (first_code, first) = meter(&[&ok]);
+    let (again_code, again) = meter(&[&ok]);
+    assert_eq!((first_code, again_code), (0, 0), "{first:?}");
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0]["status"], "ok");
+    assert!(first[0]["fuel"].as_u64().unwrap() > 0, "{first:?}");
+    for key in ["fuel", "stdout_blake3", "stdout_bytes", "seed"] {
+        assert_eq!(
+            first[0][key], again[0][key],
+            "{key}: a second meter differs"
+        );
+    }
+    let (mixed_code, mixed) = meter(&[&ok, &bad]);
+    assert_eq!(mixed_code, 1, "a failing program fails the batch");
+    assert_eq!(
+        mixed[0]["fuel"], first[0]["fuel"],
+        "the same program, the same fuel"
+    );
+    assert_eq!(mixed[1]["status"], "guest_exception");
+    // The text form names each file and totals the fuel.
+    let out = pycage(&["meter", ok.to_str().unwrap(), ok.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let fuel = first[0]["fuel"].as_u64().unwrap();
+    assert!(text.contains(&format!("fuel {fuel}")), "{text}");
+    assert!(
+        text.contains(&format!("total  fuel {}", 2 * fuel)),
+        "{text}"
+    );
+    // A missing file is refused before anything runs.
+    let out = pycage(&["meter", ok.to_str().unwrap(), "/no/such/program.py"]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        out.stdout.is_empty(),
+        "nothing ran: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]
