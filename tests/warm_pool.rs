@@ -7,22 +7,11 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::SEED;
-use pycage::{Runner, ToolPolicy, WasmBackend};
-use pycage_tools::ToolRegistry;
+use common::{SEED, math_runner_on};
+use pycage::WasmBackend;
 use serde_json::json;
-
-fn runner(backend: &WasmBackend) -> Runner {
-    Runner::builder()
-        .backend(Arc::new(backend.clone()))
-        .tools(ToolRegistry::with_builtins())
-        .policy(ToolPolicy::new().namespace("math"))
-        .build()
-        .unwrap()
-}
 
 async fn wait_for(backend: &WasmBackend, n: usize) {
     let until = Instant::now() + Duration::from_secs(30);
@@ -39,8 +28,8 @@ async fn pooled_runs_match_fresh_runs_and_the_pool_refills() {
     wait_for(&pooled, 2).await;
     let fresh = WasmBackend::builder().build().unwrap();
 
-    let a = runner(&pooled).run(SEED).await;
-    let b = runner(&fresh).run(SEED).await;
+    let a = math_runner_on(&pooled).run(SEED).await;
+    let b = math_runner_on(&fresh).run(SEED).await;
     assert!(a.ok && b.ok, "{a:#?} {b:#?}");
     assert_eq!(a.value, json!(15));
     assert_eq!(
@@ -55,7 +44,7 @@ async fn pooled_runs_match_fresh_runs_and_the_pool_refills() {
 async fn pooled_instances_are_never_reused() {
     let pooled = WasmBackend::builder().warm_pool(1).build().unwrap();
     pooled.prepare().await.unwrap();
-    let r = runner(&pooled);
+    let r = math_runner_on(&pooled);
     for _ in 0..5 {
         wait_for(&pooled, 1).await;
         let v = r
@@ -72,7 +61,7 @@ async fn unmetered_backends_report_no_fuel_and_refuse_budgets() {
     // A different engine configuration: compiled (and cached) once, beside the metered one.
     let plain = WasmBackend::builder().meter_fuel(false).build().unwrap();
     plain.prepare().await.unwrap();
-    let r = runner(&plain);
+    let r = math_runner_on(&plain);
     let ok = r.run("return 1").await;
     assert_eq!(ok.value, json!(1));
     assert_eq!(ok.fuel_consumed, None);
@@ -84,7 +73,7 @@ async fn unmetered_backends_report_no_fuel_and_refuse_budgets() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denied_capability_works_at_full_instance_capacity() {
     let one = WasmBackend::builder().max_instances(1).build().unwrap();
-    let r = runner(&one)
+    let r = math_runner_on(&one)
         .run("import socket\ntry:\n    socket.getaddrinfo('localhost', 80)\nexcept PermissionError:\n    return 'denied'")
         .await;
     assert_eq!(r.value, json!("denied"), "{r:#?}");
@@ -113,8 +102,8 @@ async fn primed_instances_look_fresh_to_the_code() {
     ];
     for code in cases {
         wait_for(&pooled, 2).await;
-        let a = runner(&pooled).run(code).await;
-        let b = runner(&fresh).run(code).await;
+        let a = math_runner_on(&pooled).run(code).await;
+        let b = math_runner_on(&fresh).run(code).await;
         assert_eq!(
             (&a.value, &a.stdout, &a.stderr, &a.error),
             (&b.value, &b.stdout, &b.stderr, &b.error),
@@ -125,7 +114,7 @@ async fn primed_instances_look_fresh_to_the_code() {
     let mut seen = std::collections::HashSet::new();
     for _ in 0..3 {
         wait_for(&pooled, 2).await;
-        let r = runner(&pooled)
+        let r = math_runner_on(&pooled)
             .run("import random\nreturn random.random()")
             .await;
         assert!(seen.insert(r.value.to_string()), "{r:#?}");
@@ -137,7 +126,7 @@ async fn primed_instances_look_fresh_to_the_code() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_to_back_runs_fit_in_one_slot() {
     let one = WasmBackend::builder().max_instances(1).build().unwrap();
-    let r = runner(&one);
+    let r = math_runner_on(&one);
     for i in 0..20 {
         let v = r.run(&format!("return {i}")).await;
         assert_eq!(v.value, json!(i), "{v:#?}");

@@ -27,6 +27,16 @@ pub fn runner(policy: ToolPolicy, limits: Limits) -> Runner {
         .expect("runner builds")
 }
 
+/// A runner on `backend` with the `math` namespace of the built-in tools exposed.
+pub fn math_runner_on(backend: &pycage::WasmBackend) -> Runner {
+    Runner::builder()
+        .backend(Arc::new(backend.clone()))
+        .tools(ToolRegistry::with_builtins())
+        .policy(ToolPolicy::new().namespace("math"))
+        .build()
+        .expect("runner builds")
+}
+
 /// Runs `code` with the `math` namespace exposed and default limits.
 pub async fn run(code: &str) -> RunResult {
     runner(ToolPolicy::new().namespace("math"), Limits::default())
