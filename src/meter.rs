@@ -14,17 +14,6 @@ use crate::{run, sandbox};
 pub async fn meter(mut args: MeterArgs) -> Exit {
     args.sandbox.deterministic = true;
     let seed = args.sandbox.seed().unwrap_or(0);
-    let resolved = sandbox::tools(&args.sandbox).and_then(|(tools, policy)| {
-        let limits = sandbox::limits(&args.sandbox)?;
-        sandbox::runner(&args.sandbox, tools, policy, limits)
-    });
-    let (runner, wasm) = match resolved {
-        Ok(resolved) => resolved,
-        Err(message) => {
-            eprintln!("pycage: {message}");
-            return Exit::Usage;
-        }
-    };
     // Every file is read before the first runs, so a typo does not cost a long benchmark.
     let mut programs = Vec::with_capacity(args.files.len());
     for file in &args.files {
@@ -36,10 +25,10 @@ pub async fn meter(mut args: MeterArgs) -> Exit {
             }
         }
     }
-    if let Err(message) = sandbox::check_ready(&runner, wasm.as_ref()) {
-        eprintln!("pycage: {message}");
-        return Exit::Internal;
-    }
+    let runner = match sandbox::ready_runner(&args.sandbox) {
+        Ok(runner) => runner,
+        Err(exit) => return exit,
+    };
     let mut exit = Exit::Ok;
     let mut total_fuel: u64 = 0;
     for (name, code) in &programs {

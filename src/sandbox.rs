@@ -65,7 +65,7 @@ pub fn runner(
 }
 
 /// The runner the sandbox flags make, ready to run (the first-run notice printed): for
-/// `describe` and `repl`. `Err` is the exit, its reason already printed.
+/// `describe`, `repl` and `meter`. `Err` is the exit, its reason already printed.
 pub fn ready_runner(args: &SandboxArgs) -> Result<Runner, Exit> {
     let resolved = tools(args).and_then(|(tools, policy)| {
         let limits = limits(args)?;
