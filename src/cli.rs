@@ -17,6 +17,10 @@ pub struct Cli {
 pub enum Command {
     /// Run Python code in a fresh sandbox.
     Run(Box<RunArgs>),
+    /// Finish a run that stopped at a call waiting for approval (`pycage run --approve TOOL
+    /// --suspend-out FILE`): re-execute it deterministically, answer the calls before from
+    /// its journal, give the pending call the decision, and go on.
+    Resume(Box<ResumeArgs>),
     /// Print what a model is told about a `run_python` tool with these flags: the text and
     /// the input schema, generated from the sandbox itself.
     Describe(Box<DescribeArgs>),
@@ -128,6 +132,98 @@ pub struct RunArgs {
     #[arg(long = "file", value_name = "NAME=PATH")]
     pub files: Vec<String>,
 
+    /// Calls of this tool (`name` or `ns.name`, exposed) wait for a person's approval
+    /// (repeatable): the run stops at the first such call and comes back suspended, for
+    /// `pycage resume`.
+    #[arg(long = "approve", value_name = "TOOL")]
+    pub approve: Vec<String>,
+
+    /// Answer the tool calls from this journal (`--journal-out` of an earlier run, same key)
+    /// while they match it, without calling the tools; the rest go live.
+    #[arg(long, value_name = "FILE")]
+    pub replay: Option<PathBuf>,
+
+    /// With --replay, at a call that differs from the journal: `fail` the run
+    /// (`replay_diverged`) or go `live` from there [default: fail].
+    #[arg(long = "on-divergence", value_name = "WHAT", requires = "replay")]
+    pub on_divergence: Option<Divergence>,
+
+    #[command(flatten)]
+    pub journal: JournalArgs,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// What a replay does at a call that differs from its journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Divergence {
+    /// The run fails with `replay_diverged`, naming both calls.
+    Fail,
+    /// That call and the later ones go to the live tools.
+    Live,
+}
+
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// The suspended run: the file `--suspend-out` wrote, or a `--json` result holding it
+    /// (`-` for standard input).
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+
+    #[command(flatten)]
+    pub decision: DecisionArgs,
+
+    /// The sandbox flags of the suspended run (its tools and policy); the seed is the
+    /// state's unless given.
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+
+    #[command(flatten)]
+    pub journal: JournalArgs,
+
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+/// The decision for a suspended run's pending call: exactly one.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct DecisionArgs {
+    /// The tool runs now; the code gets its result.
+    #[arg(long)]
+    pub approve: bool,
+
+    /// The tool does not run; the code gets a ToolError of kind `denied`.
+    #[arg(long)]
+    pub deny: bool,
+
+    /// The tool does not run; the code gets this JSON as its result.
+    #[arg(long, value_name = "JSON")]
+    pub answer: Option<String>,
+}
+
+/// Where a run's journal and suspended state go, and the key that signs them.
+#[derive(Debug, Args)]
+pub struct JournalArgs {
+    /// Record the run's tool calls as a signed JSON journal in FILE (for --replay).
+    #[arg(long = "journal-out", value_name = "FILE")]
+    pub journal_out: Option<PathBuf>,
+
+    /// When the run stops at a call waiting for approval, write its signed state to FILE
+    /// (for `pycage resume`).
+    #[arg(long = "suspend-out", value_name = "FILE")]
+    pub suspend_out: Option<PathBuf>,
+
+    /// The key file that signs journals and suspended runs and checks those given back
+    /// [default: journal.key in the user's config directory, made on first use].
+    #[arg(long = "journal-key", value_name = "FILE")]
+    pub journal_key: Option<PathBuf>,
+}
+
+/// How a run's result is reported.
+#[derive(Debug, Args)]
+pub struct OutputArgs {
     /// Write the files the code created or changed into DIR (created if missing).
     #[arg(long = "out-dir", value_name = "DIR")]
     pub out_dir: Option<PathBuf>,

@@ -13,6 +13,8 @@ pub enum Exit {
     Usage = 2,
     /// The sandbox itself failed.
     Internal = 3,
+    /// The run stopped at a tool call that waits for approval (`pycage resume` goes on).
+    Suspended = 4,
 }
 
 impl From<Exit> for ExitCode {

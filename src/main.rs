@@ -10,6 +10,7 @@ mod meter;
 mod prepare;
 mod repl;
 mod report;
+mod resume;
 mod run;
 mod sandbox;
 mod serve;
@@ -45,7 +46,11 @@ fn main() -> ExitCode {
     };
     // `run`, `describe` and `worker` run one guest and exit; the others may run many at once.
     let one_run = match &cli.command {
-        Command::Run(_) | Command::Describe(_) | Command::Repl(_) | Command::Meter(_) => true,
+        Command::Run(_)
+        | Command::Resume(_)
+        | Command::Describe(_)
+        | Command::Repl(_)
+        | Command::Meter(_) => true,
         #[cfg(unix)]
         Command::Worker(_) => true,
         Command::Mcp(_)
@@ -68,6 +73,7 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(*args).await.into(),
+            Command::Resume(args) => resume::resume(*args).await.into(),
             Command::Describe(args) => describe::describe(*args).await.into(),
             Command::Repl(args) => repl::repl(*args).await.into(),
             Command::Mcp(args) => mcp::mcp(*args).await.into(),

@@ -1,12 +1,15 @@
 //! `pycage run`: resolve the arguments into a runner and a request, run, report.
 
-use pycage::{ErrorKind, InputFile, Limits, RunRequest, RunResult, Runner, WasmBackend};
+use pycage::{
+    ErrorKind, InputFile, Journal, JournalKey, Limits, OnDivergence, RunRequest, RunResult, Runner,
+    WasmBackend,
+};
 use pycage_tools::json::{self, JsonError};
 use serde_json::{Map, Value};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use crate::cli::RunArgs;
+use crate::cli::{Divergence, JournalArgs, OutputArgs, RunArgs};
 use crate::exit::Exit;
 use crate::{report, sandbox};
 
@@ -17,10 +20,10 @@ struct RunSettings {
     vars: Map<String, Value>,
     limits: Limits,
     files: Vec<InputFile>,
-    json: bool,
-    json_files: bool,
-    out_dir: Option<PathBuf>,
-    force: bool,
+    replay: Option<Journal>,
+    on_divergence: OnDivergence,
+    journal: JournalArgs,
+    output: OutputArgs,
     /// The wasm backend, when that is the one in use (for the first-run notice).
     wasm: Option<WasmBackend>,
 }
@@ -37,23 +40,82 @@ pub async fn run(args: RunArgs) -> Exit {
         eprintln!("pycage: {message}");
         return Exit::Internal;
     }
-    let request = RunRequest::new(settings.code)
+    let mut request = RunRequest::new(settings.code)
         .vars(settings.vars)
         .files(settings.files)
-        .limits(settings.limits);
-    let result = settings.runner.run_request(request).await;
-    if settings.json {
-        report::json(&result, settings.json_files);
-    } else {
-        report::human(&result);
+        .limits(settings.limits)
+        .on_divergence(settings.on_divergence);
+    if settings.journal.journal_out.is_some() {
+        request = request.record_journal();
     }
-    if let Some(dir) = &settings.out_dir
-        && let Err(e) = report::write_files(&result.files, dir, settings.force)
+    if let Some(journal) = settings.replay {
+        request = request.replay(journal);
+    }
+    let result = settings.runner.run_request(request).await;
+    report(&result, &settings.journal, &settings.output)
+}
+
+/// Reports a run's result as `output` asks, writes its journal and suspended state where
+/// `journal` says, and gives the exit: `pycage run`'s and `pycage resume`'s end.
+pub(crate) fn report(result: &RunResult, journal: &JournalArgs, output: &OutputArgs) -> Exit {
+    if output.json {
+        report::json(result, output.json_files);
+    } else {
+        report::human(result);
+    }
+    let mut exit = exit_of(result);
+    if let Some(dir) = &output.out_dir
+        && let Err(e) = report::write_files(&result.files, dir, output.force)
     {
         eprintln!("pycage: --out-dir {}: {e}", dir.display());
-        return Exit::Usage;
+        exit = Exit::Usage;
     }
-    exit_of(&result)
+    if let (Some(path), Some(recorded)) = (&journal.journal_out, &result.journal)
+        && let Err(e) = write_json(path, recorded)
+    {
+        eprintln!("pycage: --journal-out {}: {e}", path.display());
+        exit = Exit::Usage;
+    }
+    if let Some(state) = &result.suspended {
+        match &journal.suspend_out {
+            Some(path) => match write_json(path, state) {
+                Ok(()) => eprintln!(
+                    "pycage: suspended; its state is in {}: pycage resume {} --approve | --deny \
+                     | --answer JSON",
+                    path.display(),
+                    path.display()
+                ),
+                Err(e) => {
+                    eprintln!("pycage: --suspend-out {}: {e}", path.display());
+                    exit = Exit::Usage;
+                }
+            },
+            None if !output.json => eprintln!(
+                "pycage: suspended; pass --suspend-out FILE (or --json) to keep its state for \
+                 `pycage resume`"
+            ),
+            None => {}
+        }
+    }
+    exit
+}
+
+/// `value` as pretty JSON in a new file at `path` (replacing one there).
+fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    std::fs::write(path, text + "\n").map_err(|e| e.to_string())
+}
+
+/// The journal key `args` names (or the user's default key file), when the run signs or
+/// checks anything with it.
+pub(crate) fn journal_key(args: &JournalArgs) -> Result<JournalKey, String> {
+    let path = match &args.journal_key {
+        Some(path) => path.clone(),
+        None => JournalKey::default_path().ok_or(
+            "no configuration directory is known for the journal key; pass --journal-key FILE",
+        )?,
+    };
+    JournalKey::load_or_create(&path).map_err(|e| format!("--journal-key: {e}"))
 }
 
 /// How `pycage run` exits for `result`.
@@ -62,6 +124,7 @@ pub(crate) fn exit_of(result: &RunResult) -> Exit {
         None => Exit::Ok,
         Some(ErrorKind::InvalidInput) => Exit::Usage,
         Some(ErrorKind::BackendError) => Exit::Internal,
+        Some(ErrorKind::Suspended) => Exit::Suspended,
         Some(_) => Exit::GuestFailed,
     }
 }
@@ -70,20 +133,40 @@ fn resolve(args: RunArgs) -> Result<RunSettings, String> {
     let code = read_code(args.file.as_deref(), args.code)?;
     let vars = parse_vars(&args.vars)?;
 
-    let (tools, policy) = sandbox::tools(&args.sandbox)?;
+    let (tools, mut policy) = sandbox::tools(&args.sandbox)?;
+    policy.approve = args.approve;
     let limits = sandbox::limits(&args.sandbox)?;
     let files = read_files(&args.files, &limits)?;
-    let (runner, wasm) = sandbox::runner(&args.sandbox, tools, policy, limits.clone())?;
+    let replay = match &args.replay {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--replay {}: {e}", path.display()))?;
+            Some(
+                Journal::from_json(&text)
+                    .map_err(|e| format!("--replay {}: {e}", path.display()))?,
+            )
+        }
+        None => None,
+    };
+    let signs = args.journal.journal_out.is_some()
+        || args.journal.suspend_out.is_some()
+        || replay.is_some()
+        || !policy.approve.is_empty();
+    let key = signs.then(|| journal_key(&args.journal)).transpose()?;
+    let (runner, wasm) = sandbox::runner(&args.sandbox, tools, policy, limits.clone(), key)?;
     Ok(RunSettings {
         code,
         runner,
         vars,
         limits,
         files,
-        json: args.json,
-        json_files: args.json_files,
-        out_dir: args.out_dir,
-        force: args.force,
+        replay,
+        on_divergence: match args.on_divergence {
+            Some(Divergence::Live) => OnDivergence::GoLive,
+            Some(Divergence::Fail) | None => OnDivergence::Fail,
+        },
+        journal: args.journal,
+        output: args.output,
         wasm,
     })
 }

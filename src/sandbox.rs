@@ -1,6 +1,6 @@
 //! The sandbox flags `run` and `describe` share, resolved into tools, limits and a runner.
 
-use pycage::{BuildError, Limits, Runner, ToolPolicy, WasmBackend};
+use pycage::{BuildError, JournalKey, Limits, Runner, ToolPolicy, WasmBackend};
 use pycage_tools::ToolRegistry;
 
 use crate::backends;
@@ -19,6 +19,7 @@ pub fn tools(args: &SandboxArgs) -> Result<(ToolRegistry, ToolPolicy), String> {
     let policy = ToolPolicy {
         namespace: args.namespace.clone(),
         allow: args.allow.clone(),
+        approve: Vec::new(),
     };
     Ok((tools, policy))
 }
@@ -45,15 +46,20 @@ pub fn runner(
     tools: ToolRegistry,
     policy: ToolPolicy,
     limits: Limits,
+    journal_key: Option<JournalKey>,
 ) -> Result<(Runner, Option<WasmBackend>), String> {
     let (backend, wasm) =
         backends::by_name(args.backend.as_deref().unwrap_or("wasm"), args.seed())?;
-    let runner = Runner::builder()
+    let mut builder = Runner::builder()
         .backend(backend)
         .tools(tools)
         .policy(policy)
         .limits(limits)
-        .allow_no_isolation(args.allow_no_isolation)
+        .allow_no_isolation(args.allow_no_isolation);
+    if let Some(key) = journal_key {
+        builder = builder.journal_key(key);
+    }
+    let runner = builder
         .build()
         .map_err(|e| match e {
             BuildError::NoIsolation(name) => format!(
@@ -69,7 +75,7 @@ pub fn runner(
 pub fn ready_runner(args: &SandboxArgs) -> Result<Runner, Exit> {
     let resolved = tools(args).and_then(|(tools, policy)| {
         let limits = limits(args)?;
-        runner(args, tools, policy, limits)
+        runner(args, tools, policy, limits, None)
     });
     let (runner, wasm) = resolved.map_err(|message| {
         eprintln!("pycage: {message}");

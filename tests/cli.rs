@@ -738,3 +738,195 @@ fn bench_measures_the_mcp_server_over_http_with_one_and_sixteen_clients() {
         stderr(&out)
     );
 }
+
+/// A program that adds, then sends (a call a person approves), then goes on.
+const SEND_PROGRAM: &[u8] = br#"
+import random
+r = await add(a=random.randrange(100), b=3)
+print("added", r)
+try:
+    sent = await echo(text=f"total {r['sum']}")
+except ToolError as e:
+    sent = {"refused": e.kind}
+print("sent", sent)
+return sent
+"#;
+
+#[test]
+fn an_approved_call_resumes_in_a_new_process_as_if_the_run_had_never_stopped() {
+    let program = write_temp("send.py", SEND_PROGRAM);
+    let program = program.to_str().unwrap();
+    let key = write_temp("journal-send.key", b"");
+    std::fs::remove_file(&key).unwrap();
+    let key = key.to_str().unwrap();
+    let state =
+        std::env::temp_dir().join(format!("pycage-cli-{}/send-state.json", std::process::id()));
+    let state = state.to_str().unwrap();
+    let sandbox = [
+        "--seed",
+        "3",
+        "--allow",
+        "add",
+        "--allow",
+        "echo",
+        "--journal-key",
+        key,
+    ];
+    let with = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(sandbox);
+        all.push("--json");
+        pycage(&all)
+    };
+
+    let uninterrupted = with(&["run", program]);
+    assert_eq!(code(&uninterrupted), 0, "{}", stderr(&uninterrupted));
+    let uninterrupted = json_result(&uninterrupted);
+
+    let stopped = with(&["run", program, "--approve", "echo", "--suspend-out", state]);
+    assert_eq!(
+        code(&stopped),
+        4,
+        "a suspended run exits 4: {}",
+        stderr(&stopped)
+    );
+    let stopped = json_result(&stopped);
+    assert_eq!(stopped["error"]["kind"], "suspended", "{stopped}");
+    assert_eq!(stopped["suspended"]["pending"]["tool"], "text.echo");
+    assert!(!stopped["stdout"].as_str().unwrap().contains("sent"));
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(state).unwrap()).unwrap();
+    assert_eq!(
+        saved, stopped["suspended"],
+        "--suspend-out holds the result's state"
+    );
+
+    let resumed = with(&["resume", state, "--approve"]);
+    assert_eq!(code(&resumed), 0, "{}", stderr(&resumed));
+    let resumed = json_result(&resumed);
+    for key in ["value", "stdout", "fuel_consumed", "tool_calls"] {
+        assert_eq!(resumed[key], uninterrupted[key], "{key}: {resumed}");
+    }
+
+    let denied = json_result(&with(&["resume", state, "--deny"]));
+    assert_eq!(denied["value"], json!({"refused": "denied"}), "{denied}");
+    let answered = json_result(&with(&["resume", state, "--answer", r#""by hand""#]));
+    assert_eq!(answered["value"], "by hand", "{answered}");
+
+    // A state changed by hand is refused before anything runs.
+    let forged = std::fs::read_to_string(state)
+        .unwrap()
+        .replace("total", "TOTAL");
+    let forged_path = write_temp("send-forged.json", forged.as_bytes());
+    let refused = with(&["resume", forged_path.to_str().unwrap(), "--approve"]);
+    assert_eq!(code(&refused), 2, "{}", stderr(&refused));
+    let refused = json_result(&refused);
+    assert_eq!(refused["error"]["kind"], "invalid_input");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("signature")
+    );
+    // Exactly one decision.
+    let out = pycage(&["resume", state, "--approve", "--deny"]);
+    assert_eq!(code(&out), 2);
+}
+
+#[test]
+fn a_journal_replays_without_calling_the_tool_and_a_forged_one_is_refused() {
+    let dir = std::env::temp_dir().join(format!("pycage-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let counter = dir.join("replay-counter");
+    let _ = std::fs::remove_file(&counter);
+    let tools = write_temp(
+        "replay-tools.toml",
+        format!(
+            "[[tool]]\nname = \"note\"\nnamespace = \"log\"\ndescription = \"counts\"\n\
+             command = [\"/bin/sh\", \"-c\", \"echo call >> {}; cat\"]\n\
+             parameters = {{ type = \"object\" }}\n",
+            counter.display()
+        )
+        .as_bytes(),
+    );
+    let program = write_temp(
+        "replay.py",
+        b"a = await note(n=1)\nb = await note(n=2)\nprint(a, b)\nreturn [a, b]\n",
+    );
+    let journal = dir.join("replay-journal.json");
+    let key = dir.join("replay.key");
+    let args = |extra: &[&str]| {
+        let mut all = vec![
+            "run",
+            program.to_str().unwrap(),
+            "--tools",
+            tools.to_str().unwrap(),
+            "--allow",
+            "note",
+            "--journal-key",
+            key.to_str().unwrap(),
+            "--json",
+        ];
+        all.extend(extra);
+        pycage(&all)
+    };
+    let calls = || {
+        std::fs::read_to_string(&counter)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let first = args(&["--journal-out", journal.to_str().unwrap()]);
+    assert_eq!(code(&first), 0, "{}", stderr(&first));
+    let first = json_result(&first);
+    assert_eq!(calls(), 2);
+    let recorded: Value =
+        serde_json::from_str(&std::fs::read_to_string(&journal).unwrap()).unwrap();
+    assert_eq!(recorded["calls"].as_array().unwrap().len(), 2, "{recorded}");
+
+    let replayed = args(&["--replay", journal.to_str().unwrap()]);
+    assert_eq!(code(&replayed), 0, "{}", stderr(&replayed));
+    let replayed = json_result(&replayed);
+    assert_eq!(calls(), 2, "the replay called no tool");
+    assert_eq!(replayed["value"], first["value"]);
+    assert_eq!(replayed["stdout"], first["stdout"]);
+
+    let forged = std::fs::read_to_string(&journal)
+        .unwrap()
+        .replace("\"n\": 2", "\"n\": 3");
+    let forged_path = write_temp("replay-forged.json", forged.as_bytes());
+    let refused = args(&["--replay", forged_path.to_str().unwrap()]);
+    assert_eq!(code(&refused), 2, "{}", stderr(&refused));
+    assert_eq!(json_result(&refused)["error"]["kind"], "invalid_input");
+
+    // The edited program's second call differs: it fails naming both, or goes live.
+    let edited = write_temp(
+        "replay-edited.py",
+        b"a = await note(n=1)\nb = await note(n=5)\nreturn [a, b]\n",
+    );
+    let run_edited = |extra: &[&str]| {
+        let mut all = vec![
+            "run",
+            edited.to_str().unwrap(),
+            "--tools",
+            tools.to_str().unwrap(),
+            "--allow",
+            "note",
+            "--journal-key",
+            key.to_str().unwrap(),
+            "--replay",
+            journal.to_str().unwrap(),
+            "--json",
+        ];
+        all.extend(extra);
+        pycage(&all)
+    };
+    let diverged = run_edited(&[]);
+    assert_eq!(code(&diverged), 1);
+    let diverged = json_result(&diverged);
+    assert_eq!(diverged["error"]["kind"], "replay_diverged", "{diverged}");
+    assert_eq!(calls(), 2);
+    let live = run_edited(&["--on-divergence", "live"]);
+    assert_eq!(code(&live), 0, "{}", stderr(&live));
+    assert_eq!(json_result(&live)["value"][1], json!({"n": 5}));
+    assert_eq!(calls(), 3, "only the diverging call ran");
+}

@@ -39,13 +39,18 @@ pub enum ToolError {
     InvalidArguments(String),
     /// The tool ran and failed.
     Failed(String),
+    /// The tool asks for the run to wait for a person: a run that keeps a journal stops
+    /// here and comes back suspended, with this call pending and the message as the reason;
+    /// a resume decides what the call returns. In a run that keeps no journal the call
+    /// fails with the message.
+    Suspend(String),
 }
 
 impl ToolError {
     /// The short message carried by this error.
     pub fn message(&self) -> &str {
         match self {
-            ToolError::InvalidArguments(m) | ToolError::Failed(m) => m,
+            ToolError::InvalidArguments(m) | ToolError::Failed(m) | ToolError::Suspend(m) => m,
         }
     }
 }
@@ -55,6 +60,7 @@ impl fmt::Display for ToolError {
         match self {
             ToolError::InvalidArguments(m) => write!(f, "invalid arguments: {m}"),
             ToolError::Failed(m) => write!(f, "{m}"),
+            ToolError::Suspend(m) => write!(f, "waiting for approval: {m}"),
         }
     }
 }

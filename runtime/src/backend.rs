@@ -197,6 +197,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Runs one job. `gate` is the only channel to host tools.
     fn run(&self, job: Job, gate: Arc<dyn ToolGate>) -> RunFuture<'_>;
 
+    /// The seed when the backend runs deterministically (same code, inputs and tool results
+    /// give the same run), `None` otherwise. A resumed run must be re-executed by a backend
+    /// with the seed it first ran with.
+    fn deterministic_seed(&self) -> Option<u64> {
+        None
+    }
+
     /// True when the backend keeps sessions ([`open_session`](Self::open_session) can
     /// succeed).
     fn supports_sessions(&self) -> bool {

@@ -26,10 +26,11 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use pycage_tools::json::{self, JsonError};
-use pycage_tools::{Args, ToolError};
+use pycage_tools::{Args, Tool, ToolError};
 use serde_json::Value;
 
 use crate::Limits;
+use crate::journal::{CallJournal, Step};
 use crate::policy::ExposedTools;
 
 /// Why the broker refused or failed a call. Mirrors the WIT `tool-error` variant.
@@ -60,6 +61,19 @@ impl CallError {
         }
     }
 
+    /// The error of the kind named `kind` (as [`CallError::kind`] gives it) with `message`;
+    /// an unknown kind reads as `failed`.
+    pub fn from_kind(kind: &str, message: &str) -> Self {
+        let message = message.to_owned();
+        match kind {
+            "not-found" => CallError::NotFound(message),
+            "invalid-arguments" => CallError::InvalidArguments(message),
+            "denied" => CallError::Denied(message),
+            "limit-exceeded" => CallError::LimitExceeded(message),
+            _ => CallError::Failed(message),
+        }
+    }
+
     /// The kind's wire name (`not-found`, `invalid-arguments`, ...).
     pub fn kind(&self) -> &'static str {
         match self {
@@ -83,6 +97,12 @@ pub trait ToolGate: Send + Sync + 'static {
     fn call<'a>(&'a self, name: &'a str, args_json: &'a str) -> GateFuture<'a>;
     /// The run's id, for audit events.
     fn run_id(&self) -> &str;
+    /// True once the run has stopped early at a call (suspended for approval, or diverged
+    /// from the journal it replays): the backend may stop the guest at once, and every later
+    /// call is denied.
+    fn halted(&self) -> bool {
+        false
+    }
 }
 
 impl ToolGate for Broker {
@@ -92,6 +112,10 @@ impl ToolGate for Broker {
 
     fn run_id(&self) -> &str {
         Broker::run_id(self)
+    }
+
+    fn halted(&self) -> bool {
+        self.journal.as_ref().is_some_and(CallJournal::halted)
     }
 }
 
@@ -160,6 +184,8 @@ pub struct Broker {
     ceiling_hit: AtomicBool,
     finished: AtomicBool,
     observers: Observers,
+    /// The run's journal, when it keeps one.
+    journal: Option<CallJournal>,
 }
 
 impl Broker {
@@ -178,7 +204,20 @@ impl Broker {
             ceiling_hit: AtomicBool::new(false),
             finished: AtomicBool::new(false),
             observers: Observers::default(),
+            journal: None,
         }
+    }
+
+    /// This broker, recording its calls in `journal` (and answering from it what it replays).
+    #[must_use]
+    pub(crate) fn journaled(mut self, journal: CallJournal) -> Self {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// The run's journal, when it keeps one.
+    pub(crate) fn journal(&self) -> Option<&CallJournal> {
+        self.journal.as_ref()
     }
 
     /// This broker, with `observers` told of each call it answers.
@@ -274,30 +313,82 @@ impl Broker {
         };
         let args = parse_args(args_json)?;
         self.admit()?;
+        let qualified = format!("{}.{}", tool.namespace(), tool.name());
+        let needs_approval = self.tools.needs_approval(&qualified);
+        let Some(journal) = &self.journal else {
+            if needs_approval {
+                return Err(CallError::Denied(format!(
+                    "`{qualified}` needs a person's approval, which a run that keeps no \
+                     journal (a session's) cannot wait for"
+                )));
+            }
+            return match self.invoke(tool, args).await {
+                Invoked::Done(outcome) => outcome,
+                Invoked::Suspend(reason) => Err(CallError::Denied(format!(
+                    "`{qualified}` waits for a person ({reason}), which a run that keeps no \
+                     journal (a session's) cannot do"
+                ))),
+            };
+        };
+        match journal.begin(&qualified, &args, needs_approval) {
+            Step::Answer(answer) => answer,
+            Step::Halt => Err(self.halt()),
+            Step::Call { position } => {
+                let recorded_args = args.clone();
+                match self.invoke(tool, args).await {
+                    Invoked::Done(outcome) => {
+                        journal.record(position, &qualified, &recorded_args, &outcome);
+                        outcome
+                    }
+                    Invoked::Suspend(reason) => {
+                        journal.tool_suspended(position, &qualified, &recorded_args, &reason);
+                        Err(self.halt())
+                    }
+                }
+            }
+        }
+    }
+
+    /// The run stopped at this call: no later call is answered.
+    fn halt(&self) -> CallError {
+        self.finish();
+        CallError::Denied("the run has stopped here".into())
+    }
+
+    /// Calls `tool` under the per-call timeout with panics caught, and caps its result.
+    async fn invoke(&self, tool: &Arc<dyn Tool>, args: Args) -> Invoked {
         let timeout = tool
             .timeout()
             .map_or(self.limits.timeout, |t| t.min(self.limits.timeout));
         let result = tokio::time::timeout(timeout, CatchUnwind(tool.call(args))).await;
         let value = match result {
             Err(_) => {
-                return Err(CallError::Failed(format!(
+                return Invoked::Done(Err(CallError::Failed(format!(
                     "tool timed out after {}",
                     pycage_tools::units::format_duration(timeout)
-                )));
+                ))));
             }
-            Ok(Err(())) => return Err(CallError::Failed("tool crashed".into())),
+            Ok(Err(())) => return Invoked::Done(Err(CallError::Failed("tool crashed".into()))),
             Ok(Ok(Err(ToolError::InvalidArguments(m)))) => {
-                return Err(CallError::InvalidArguments(m));
+                return Invoked::Done(Err(CallError::InvalidArguments(m)));
             }
-            Ok(Ok(Err(e))) => return Err(CallError::Failed(e.message().to_owned())),
+            Ok(Ok(Err(ToolError::Suspend(reason)))) => return Invoked::Suspend(reason),
+            Ok(Ok(Err(e))) => {
+                return Invoked::Done(Err(CallError::Failed(e.message().to_owned())));
+            }
             Ok(Ok(Ok(value))) => value,
         };
+        Invoked::Done(self.cap_result(&value))
+    }
+
+    /// A tool's value as the JSON text the guest gets, within the result cap.
+    fn cap_result(&self, value: &Value) -> Result<String, CallError> {
         let max = self.limits.max_result_bytes;
         let mut out = CappedWriter {
             buf: Vec::new(),
             max: usize::try_from(max).unwrap_or(usize::MAX),
         };
-        match serde_json::to_writer(&mut out, &value) {
+        match serde_json::to_writer(&mut out, value) {
             Ok(()) => {}
             Err(e) if e.is_io() => {
                 return Err(CallError::LimitExceeded(format!(
@@ -325,6 +416,13 @@ impl Broker {
                 CallError::LimitExceeded(format!("tool call limit reached ({max} calls)"))
             })
     }
+}
+
+/// How a live call ended: with an outcome for the guest, or with the tool asking the run to
+/// wait for a person.
+enum Invoked {
+    Done(Result<String, CallError>),
+    Suspend(String),
 }
 
 const ARGS_NOT_JSON: &str = "arguments are not JSON";

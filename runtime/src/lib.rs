@@ -33,6 +33,7 @@ pub mod describe;
 pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod journal;
 mod limits;
 pub mod os;
 pub mod policy;
@@ -50,6 +51,7 @@ pub use broker::{Broker, CallError, Observers, ToolCallEvent, ToolCallObserver, 
 pub use capture::OutputMeter;
 pub use describe::{DescribeError, Description, DescriptionBuilder, Persistence};
 pub use files::{InputFile, OutputFile};
+pub use journal::{Decision, Journal, JournalError, JournalKey, OnDivergence, Suspended};
 pub use limits::{Limits, LimitsBuilder, LimitsError, MAX_MEMORY_BYTES, MIN_MEMORY_BYTES};
 pub use os::{
     BubblewrapBackend, DockerBackend, LayeredBackend, LocalBackend, SeatbeltBackend, WindowsBackend,

@@ -1,6 +1,6 @@
 //! [`ToolPolicy`]: which registered tools a run exposes, resolved once into [`ExposedTools`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -28,6 +28,10 @@ pub struct ToolPolicy {
     pub namespace: Option<String>,
     /// The allowlist entries; empty means "the whole namespace" when one is pinned.
     pub allow: Vec<String>,
+    /// Exposed tools whose calls wait for a person's approval (entries as in `allow`): a run
+    /// that keeps a journal comes back suspended at such a call; one that does not gets the
+    /// call denied.
+    pub approve: Vec<String>,
 }
 
 impl ToolPolicy {
@@ -45,6 +49,13 @@ impl ToolPolicy {
     /// Adds an allowlist entry (bare `name` or `namespace.name`).
     pub fn allow(mut self, entry: impl Into<String>) -> Self {
         self.allow.push(entry.into());
+        self
+    }
+
+    /// Adds a tool whose calls need a person's approval (bare `name` or `namespace.name`; it
+    /// must be exposed).
+    pub fn approve(mut self, entry: impl Into<String>) -> Self {
+        self.approve.push(entry.into());
         self
     }
 
@@ -73,7 +84,17 @@ impl ToolPolicy {
             let tool = self.resolve_entry(registry, entry)?;
             chosen.insert(qualified(tool.as_ref()), tool);
         }
-        Ok(ExposedTools::new(chosen))
+        let mut approve = BTreeSet::new();
+        for entry in &self.approve {
+            let name = qualified(self.resolve_entry(registry, entry)?.as_ref());
+            if !chosen.contains_key(&name) {
+                return Err(PolicyError::ApproveNotExposed {
+                    entry: entry.trim().to_owned(),
+                });
+            }
+            approve.insert(name);
+        }
+        Ok(ExposedTools::new(chosen, &approve))
     }
 
     fn resolve_entry(
@@ -153,6 +174,11 @@ pub enum PolicyError {
         /// The pinned namespace.
         namespace: String,
     },
+    /// An `approve` entry names a tool the policy does not expose.
+    ApproveNotExposed {
+        /// The entry as written (trimmed).
+        entry: String,
+    },
 }
 
 impl fmt::Display for PolicyError {
@@ -183,6 +209,10 @@ impl fmt::Display for PolicyError {
                 f,
                 "allowed tool `{entry}` is outside the pinned namespace `{namespace}`"
             ),
+            PolicyError::ApproveNotExposed { entry } => write!(
+                f,
+                "tool `{entry}` needs approval but is not exposed; allow it as well"
+            ),
         }
     }
 }
@@ -197,6 +227,7 @@ impl std::error::Error for PolicyError {}
 pub struct ExposedTools {
     by_name: BTreeMap<String, Arc<dyn Tool>>,
     bindings: Vec<Binding>,
+    approve: BTreeSet<String>,
 }
 
 /// How the guest sees one exposed tool.
@@ -214,6 +245,9 @@ pub struct Binding {
     /// description for a model can show its parameters).
     #[serde(default)]
     pub parameters: Value,
+    /// True when a call of it waits for a person's approval (see [`ToolPolicy::approve`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_approval: bool,
 }
 
 impl fmt::Debug for ExposedTools {
@@ -225,7 +259,7 @@ impl fmt::Debug for ExposedTools {
 }
 
 impl ExposedTools {
-    fn new(chosen: BTreeMap<String, Arc<dyn Tool>>) -> Self {
+    fn new(chosen: BTreeMap<String, Arc<dyn Tool>>, approve: &BTreeSet<String>) -> Self {
         let mut bare_count: BTreeMap<&str, usize> = BTreeMap::new();
         for tool in chosen.values() {
             *bare_count.entry(tool.name()).or_default() += 1;
@@ -243,9 +277,24 @@ impl ExposedTools {
                 qualified: q.clone(),
                 description: tool.description().to_owned(),
                 parameters: tool.parameters().clone(),
+                needs_approval: approve.contains(q),
             });
         }
-        ExposedTools { by_name, bindings }
+        ExposedTools {
+            by_name,
+            bindings,
+            approve: approve.clone(),
+        }
+    }
+
+    /// True when calls of the tool `qualified` (`namespace.name`) wait for approval.
+    pub fn needs_approval(&self, qualified: &str) -> bool {
+        self.approve.contains(qualified)
+    }
+
+    /// True when some exposed tool needs approval.
+    pub fn any_need_approval(&self) -> bool {
+        !self.approve.is_empty()
     }
 
     /// The exposed tool the guest's `name` refers to, matched exactly.

@@ -51,6 +51,16 @@ pub struct RunResult {
     /// `session_ended`. Serialized only when true.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub session_ended: bool,
+    /// The run's tool calls, signed, when it kept a journal (see
+    /// [`RunRequest::record_journal`](crate::RunRequest::record_journal)). Serialized only
+    /// when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<crate::Journal>,
+    /// When the run stopped at a call waiting for a person (`error.kind` is `suspended`):
+    /// the signed state [`Runner::resume`](crate::Runner::resume) finishes it from.
+    /// Serialized only when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspended: Option<crate::Suspended>,
 }
 
 impl RunResult {
@@ -78,6 +88,8 @@ impl RunResult {
             backend: backend.to_owned(),
             files: Vec::new(),
             session_ended: false,
+            journal: None,
+            suspended: None,
         })
     }
 
@@ -212,6 +224,12 @@ pub enum ErrorKind {
     /// A server is running as many runs as it allows, and none finished within its queue
     /// timeout; nothing ran. Try again later.
     Busy,
+    /// The run stopped at a tool call that waits for a person's approval; the result's
+    /// `suspended` state resumes it (see [`Runner::resume`](crate::Runner::resume)).
+    Suspended,
+    /// A call differed from the journal the run replayed, at its position; the message
+    /// names both calls.
+    ReplayDiverged,
 }
 
 impl ErrorKind {
@@ -235,6 +253,8 @@ impl ErrorKind {
             ErrorKind::SessionNotFound => "session_not_found",
             ErrorKind::TooManySessions => "too_many_sessions",
             ErrorKind::Busy => "busy",
+            ErrorKind::Suspended => "suspended",
+            ErrorKind::ReplayDiverged => "replay_diverged",
         }
     }
 }

@@ -10,6 +10,10 @@ use serde_json::{Map, Value};
 
 use crate::backend::{Backend, Job};
 use crate::broker::{Broker, Observers, ToolCallObserver};
+use crate::journal::{
+    CallJournal, Decision, Halt, Journal, JournalCall, JournalKey, OnDivergence, PendingCall,
+    Suspended,
+};
 use crate::policy::{ExposedTools, PolicyError, ToolPolicy};
 use crate::session::Session;
 use crate::{ErrorKind, Limits, RunError, RunResult};
@@ -43,6 +47,8 @@ struct RunnerInner {
     /// What the backend's guest environment is, probed once on first use (see
     /// [`Runner::description`]).
     environment: tokio::sync::OnceCell<Arc<crate::describe::Environment>>,
+    /// Signs the journals and suspended states of its runs, and verifies those handed back.
+    journal_key: JournalKey,
 }
 
 impl fmt::Debug for Runner {
@@ -89,6 +95,7 @@ impl Runner {
                 limits: inner.limits.clone(),
                 observers: inner.observers.with(observer),
                 environment: inner.environment.clone(),
+                journal_key: inner.journal_key.clone(),
             }),
         }
     }
@@ -131,12 +138,140 @@ impl Runner {
     pub async fn run_request(&self, request: RunRequest) -> RunResult {
         let started = Instant::now();
         let backend = &self.inner.backend;
+        // What a suspended state needs of the request, which the job consumes. Every
+        // one-shot run keeps a journal: any tool may ask it to wait for a person.
+        let asked = request.asks_journal();
+        let kept = (
+            request.code.clone(),
+            request.vars.clone(),
+            request.files.clone(),
+        );
         let (job, broker) = match self.job(request, None) {
             Ok(prepared) => prepared,
             Err(error) => return RunResult::failed(backend.name(), error, started.elapsed()),
         };
         let result = backend.run(job, broker.clone()).await;
-        finish(result, &broker, started)
+        let result = finish(result, &broker, started);
+        match broker.journal() {
+            Some(journal) => self.with_journal(result, journal, asked, kept),
+            None => result,
+        }
+    }
+
+    /// Finishes a run suspended at a call that waited for a person: re-executes its code
+    /// with its inputs, answers the calls before the pending one from its journal, gives
+    /// the pending call `decision` (approved: the tool runs now; denied: the code gets a
+    /// `ToolError` of kind `denied`; answered: the value is its result) and goes on live. The
+    /// result is the run's as if it had never stopped (or suspended again, at a later call).
+    ///
+    /// The backend should be deterministic with the seed the run had (see
+    /// [`WasmBackendBuilder::deterministic`](crate::WasmBackendBuilder::deterministic)), and
+    /// the runner's tools and policy those it ran with: a call that then differs from the
+    /// journal fails the resume with `replay_diverged`.
+    ///
+    /// A state whose signature does not verify with the runner's key, or made with another
+    /// seed, is refused as `invalid_input`.
+    pub async fn resume(&self, state: Suspended, decision: Decision) -> RunResult {
+        let started = Instant::now();
+        let backend = &self.inner.backend;
+        let refuse = |message: String| {
+            RunResult::failed(
+                backend.name(),
+                RunError::new(ErrorKind::InvalidInput, message),
+                started.elapsed(),
+            )
+        };
+        if let Err(e) = state.verify(&self.inner.journal_key) {
+            return refuse(format!("the suspended run is unusable: {e}"));
+        }
+        let seed = backend.deterministic_seed();
+        if state.seed != seed {
+            return refuse(format!(
+                "the run was suspended {}, and this runner's backend runs {}: a resume \
+                 re-executes the code as it ran",
+                seed_text(state.seed),
+                seed_text(seed)
+            ));
+        }
+        let exposed = self.inner.exposed.qualified_names();
+        if let Some(missing) = state.tools.iter().find(|t| !exposed.contains(&t.as_str())) {
+            return refuse(format!(
+                "the run exposed `{missing}`, which this runner does not: resume it with the \
+                 tools and policy it ran with"
+            ));
+        }
+        let Suspended {
+            code,
+            vars,
+            files,
+            calls,
+            pending,
+            approve,
+            ..
+        } = state;
+        let mut request = RunRequest::new(code).vars(vars).files(files);
+        request.resume = Some(Resume {
+            calls,
+            pending,
+            decision,
+            approve,
+        });
+        self.run_request(request).await
+    }
+
+    /// Completes a result with its suspended state or its divergence when the run stopped
+    /// early, and with its signed journal when the request `asked` for one or it stopped.
+    fn with_journal(
+        &self,
+        mut result: RunResult,
+        journal: &CallJournal,
+        asked: bool,
+        (code, vars, files): (String, Map<String, Value>, Vec<crate::InputFile>),
+    ) -> RunResult {
+        let key = &self.inner.journal_key;
+        let seed = self.inner.backend.deterministic_seed();
+        let halted = journal.halt();
+        if let Some(halt) = &halted {
+            let error = match halt {
+                Halt::Suspended(pending) => RunError::new(
+                    ErrorKind::Suspended,
+                    format!(
+                        "tool call {} waits for a person: {}",
+                        pending.position, pending.reason
+                    ),
+                ),
+                Halt::Diverged(message) => RunError::new(ErrorKind::ReplayDiverged, message),
+            };
+            result.ok = false;
+            result.value = Value::Null;
+            result.timed_out = false;
+            result.error = Some(error);
+        }
+        if asked || halted.is_some() {
+            result.journal = Some(journal.signed(key, &code, seed));
+        }
+        if let Some(Halt::Suspended(pending)) = halted {
+            let state = Suspended {
+                version: 0,
+                code,
+                vars,
+                files,
+                seed,
+                calls: journal.calls(),
+                pending,
+                tools: self
+                    .inner
+                    .exposed
+                    .qualified_names()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect(),
+                approve: self.approval_tools(journal),
+                mac: String::new(),
+            };
+            result.suspended = Some(Suspended::sign(key, state));
+        }
+        result
     }
 
     /// Opens a [`Session`] with the runner's limits: one guest kept alive, so variables,
@@ -168,12 +303,26 @@ impl Runner {
         request: RunRequest,
         session: Option<&Limits>,
     ) -> Result<(Job, Arc<Broker>), RunError> {
+        // A session's guest outlives its runs, so a run in it cannot be re-executed from
+        // its start: its calls that would wait for a person are refused instead.
+        let journal = if session.is_some() {
+            if request.asks_journal() {
+                return Err(RunError::new(
+                    ErrorKind::Unsupported,
+                    "a session keeps no journal: record, replay and resume one-shot runs",
+                ));
+            }
+            None
+        } else {
+            Some(self.call_journal(&request)?)
+        };
         let RunRequest {
             code,
             vars,
             files,
             limits,
             output_meter,
+            ..
         } = request;
         let mut limits = limits.unwrap_or_else(|| self.inner.limits.clone());
         if let Some(session) = session {
@@ -181,10 +330,12 @@ impl Runner {
         }
         validate(&code, &vars, &limits)?;
         crate::files::check_inputs(&files, &limits)?;
-        let broker = Arc::new(
-            Broker::new(next_run_id(), self.inner.exposed.clone(), &limits)
-                .observed_by(self.inner.observers.clone()),
-        );
+        let mut broker = Broker::new(next_run_id(), self.inner.exposed.clone(), &limits)
+            .observed_by(self.inner.observers.clone());
+        if let Some(journal) = journal {
+            broker = broker.journaled(journal);
+        }
+        let broker = Arc::new(broker);
         let job = Job {
             code,
             vars,
@@ -194,6 +345,62 @@ impl Runner {
             output_meter,
         };
         Ok((job, broker))
+    }
+
+    /// The journal a request's run keeps: what it replays (verified with the runner's key)
+    /// or resumes from.
+    fn call_journal(&self, request: &RunRequest) -> Result<CallJournal, RunError> {
+        if let Some(resume) = &request.resume {
+            return Ok(CallJournal::new(
+                resume.calls.clone(),
+                Some((resume.pending.clone(), resume.decision.clone())),
+                OnDivergence::Fail,
+                resume.approve.clone(),
+            ));
+        }
+        let replay = match &request.replay {
+            Some(journal) => {
+                journal.verify(&self.inner.journal_key).map_err(|e| {
+                    RunError::new(
+                        ErrorKind::InvalidInput,
+                        format!("the journal to replay is unusable: {e}"),
+                    )
+                })?;
+                journal.calls.clone()
+            }
+            None => Vec::new(),
+        };
+        Ok(CallJournal::new(
+            replay,
+            None,
+            request.on_divergence,
+            Vec::new(),
+        ))
+    }
+}
+
+impl Runner {
+    /// The tools whose calls need approval in this run: the policy's, and a resumed run's.
+    fn approval_tools(&self, journal: &CallJournal) -> Vec<String> {
+        let mut tools: Vec<String> = self
+            .inner
+            .exposed
+            .bindings()
+            .iter()
+            .filter(|b| b.needs_approval)
+            .map(|b| b.qualified.clone())
+            .collect();
+        tools.extend(journal.extra_approvals());
+        tools.sort();
+        tools.dedup();
+        tools
+    }
+}
+
+fn seed_text(seed: Option<u64>) -> String {
+    match seed {
+        Some(seed) => format!("deterministically with seed {seed}"),
+        None => "not deterministically".into(),
     }
 }
 
@@ -236,6 +443,19 @@ pub struct RunRequest {
     files: Vec<crate::InputFile>,
     limits: Option<Limits>,
     output_meter: Option<crate::OutputMeter>,
+    record_journal: bool,
+    replay: Option<Journal>,
+    on_divergence: OnDivergence,
+    resume: Option<Resume>,
+}
+
+/// What a resumed run replays, and the decision for its pending call.
+#[derive(Debug, Clone)]
+struct Resume {
+    calls: Vec<JournalCall>,
+    pending: PendingCall,
+    decision: Decision,
+    approve: Vec<String>,
 }
 
 impl RunRequest {
@@ -276,6 +496,35 @@ impl RunRequest {
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = Some(limits);
         self
+    }
+
+    /// Puts the run's signed tool-call journal in the result's
+    /// [`journal`](RunResult::journal) (a replayed or resumed run's result has it anyway, and
+    /// so has one that stopped early).
+    pub fn record_journal(mut self) -> Self {
+        self.record_journal = true;
+        self
+    }
+
+    /// Answers the run's tool calls from `journal` while they match it, position by
+    /// position, without calling the tools; the rest go live. The journal must verify with
+    /// the runner's key (else the run is refused as `invalid_input`). A call that differs
+    /// from the journal at its position is handled by [`on_divergence`](Self::on_divergence).
+    pub fn replay(mut self, journal: Journal) -> Self {
+        self.replay = Some(journal);
+        self
+    }
+
+    /// What a replay does at a call that differs from its journal (default: the run fails
+    /// with `replay_diverged`).
+    pub fn on_divergence(mut self, on_divergence: OnDivergence) -> Self {
+        self.on_divergence = on_divergence;
+        self
+    }
+
+    /// True when the request asks for its run's journal in the result.
+    fn asks_journal(&self) -> bool {
+        self.record_journal || self.replay.is_some() || self.resume.is_some()
     }
 }
 
@@ -330,6 +579,8 @@ pub enum BuildError {
     NoIsolation(&'static str),
     /// The default wasm backend could not be created.
     Backend(crate::wasm::WasmError),
+    /// No journal key was given, and none could be made.
+    JournalKey(crate::JournalError),
 }
 
 impl fmt::Display for BuildError {
@@ -341,6 +592,7 @@ impl fmt::Display for BuildError {
                 "backend `{name}` provides no isolation; refusing it without allow_no_isolation"
             ),
             BuildError::Backend(e) => write!(f, "backend: {e}"),
+            BuildError::JournalKey(e) => write!(f, "journal key: {e}"),
         }
     }
 }
@@ -356,6 +608,7 @@ pub struct RunnerBuilder {
     limits: Limits,
     allow_no_isolation: bool,
     observers: Observers,
+    journal_key: Option<JournalKey>,
 }
 
 impl RunnerBuilder {
@@ -390,6 +643,15 @@ impl RunnerBuilder {
         self
     }
 
+    /// The key that signs the runs' journals and suspended states and verifies those handed
+    /// back. The default is a random key of this runner alone; give runners (or processes)
+    /// one key for a journal or a suspended run to pass between them (see
+    /// [`JournalKey::load_or_create`]).
+    pub fn journal_key(mut self, key: JournalKey) -> Self {
+        self.journal_key = Some(key);
+        self
+    }
+
     /// Accepts a backend that provides no isolation (such as `local`).
     ///
     /// # Security
@@ -419,6 +681,10 @@ impl RunnerBuilder {
         if !backend.provides_isolation() && !self.allow_no_isolation {
             return Err(BuildError::NoIsolation(backend.name()));
         }
+        let journal_key = match self.journal_key {
+            Some(key) => key,
+            None => JournalKey::generate().map_err(BuildError::JournalKey)?,
+        };
         Ok(Runner {
             inner: Arc::new(RunnerInner {
                 backend,
@@ -426,6 +692,7 @@ impl RunnerBuilder {
                 limits: self.limits,
                 observers: self.observers,
                 environment: tokio::sync::OnceCell::new(),
+                journal_key,
             }),
         })
     }

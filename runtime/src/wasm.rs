@@ -548,6 +548,10 @@ impl Backend for WasmBackend {
         Box::pin(self.run_gated(job, gate))
     }
 
+    fn deterministic_seed(&self) -> Option<u64> {
+        self.inner.settings.seed
+    }
+
     fn supports_sessions(&self) -> bool {
         true
     }

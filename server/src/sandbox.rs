@@ -28,6 +28,7 @@ pub fn runner(
     let policy = ToolPolicy {
         namespace: config.policy.namespace.clone(),
         allow: config.policy.allow.clone(),
+        approve: Vec::new(),
     };
     let backend =
         backend_by_name(&config.backend, &BackendOptions::new()).map_err(|e| e.to_string())?;

@@ -181,7 +181,9 @@ fn failure_error(failure: RunError, reporter: Reporter) -> RunError {
             | ErrorKind::SessionBusy
             | ErrorKind::SessionNotFound
             | ErrorKind::TooManySessions
-            | ErrorKind::Busy => {
+            | ErrorKind::Busy
+            | ErrorKind::Suspended
+            | ErrorKind::ReplayDiverged => {
                 return RunError::new(
                     ErrorKind::GuestException,
                     "the guest reported a failure it cannot know about",

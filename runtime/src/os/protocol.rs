@@ -517,6 +517,8 @@ pub fn kind_to_wire(kind: ErrorKind) -> &'static str {
         ErrorKind::SessionNotFound => "session-not-found",
         ErrorKind::TooManySessions => "too-many-sessions",
         ErrorKind::Busy => "busy",
+        ErrorKind::Suspended => "suspended",
+        ErrorKind::ReplayDiverged => "replay-diverged",
     }
 }
 

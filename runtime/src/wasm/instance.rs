@@ -120,11 +120,11 @@ impl Fresh {
                 }
             });
         }
-        let sandbox = until(instantiated_by, pre.instantiate_async(&mut *store))
-            .await
-            .map_err(|DeadlinePassed| {
-                wasmtime::format_err!("instantiating the guest timed out")
-            })??;
+        let sandbox = until(instantiated_by, pre.instantiate_async(&mut *store), || {
+            false
+        })
+        .await
+        .map_err(|_| wasmtime::format_err!("instantiating the guest timed out"))??;
         Ok(Fresh {
             store,
             sandbox,
@@ -214,7 +214,7 @@ impl Fresh {
                 meter.attach(&state.stdout, &state.stderr);
             }
             state.deadline = deadline;
-            state.gate = Some(gate);
+            state.gate = Some(gate.clone());
         }
         let files = std::mem::take(&mut job.files);
         let scratch = store.data_mut().scratch.place(files, limits, session);
@@ -271,7 +271,7 @@ impl Fresh {
                     sandbox
                         .pycage_sandbox_guest()
                         .call_run(&mut **store, &job.code, &request);
-                until(deadline, run).await
+                until(deadline, run, || gate.halted()).await
             }
         };
 
@@ -287,7 +287,11 @@ impl Fresh {
         // engine unwound it mid-call.
         let poisoned = !matches!(outcome, Ok(Ok(_)));
         let value = match outcome {
-            Err(DeadlinePassed) => Err(classify::deadline_passed()),
+            Err(Stopped::Halted) => Err(RunError::new(
+                ErrorKind::Suspended,
+                "the run stopped at a tool call",
+            )),
+            Err(Stopped::DeadlinePassed) => Err(classify::deadline_passed()),
             Ok(Err(error)) => match classify::classify(&error, &evidence) {
                 Ending::CleanExit => Ok(Value::Null),
                 Ending::Failed(e) => Err(e),
@@ -325,8 +329,13 @@ impl Fresh {
     }
 }
 
-/// The run's deadline passed before its guest returned.
-struct DeadlinePassed;
+/// Why a run's driver stopped its guest before it returned.
+enum Stopped {
+    /// The run's deadline passed.
+    DeadlinePassed,
+    /// The run's gate halted it at a tool call.
+    Halted,
+}
 
 /// Drives `run` (a run, or an instantiation) until it completes or `deadline` passes.
 ///
@@ -335,15 +344,25 @@ struct DeadlinePassed;
 /// interval without depending on when the runtime's timer driver next runs. The timer covers
 /// a guest waiting in a host call (a sleep, a slow tool), where no check in its code runs. An
 /// unmetered guest that computes is stopped by its epoch check instead, which traps.
-async fn until<F: Future>(deadline: Instant, run: F) -> Result<F::Output, DeadlinePassed> {
+///
+/// `halted` is asked after each poll: a gate that halted the run at a call leaves the guest
+/// parked in it, and the run stops there.
+async fn until<F: Future>(
+    deadline: Instant,
+    run: F,
+    halted: impl Fn() -> bool,
+) -> Result<F::Output, Stopped> {
     let mut run = pin!(run);
     let mut timer = pin!(tokio::time::sleep_until(deadline.into()));
     poll_fn(|cx| {
         if let Poll::Ready(out) = run.as_mut().poll(cx) {
             return Poll::Ready(Ok(out));
         }
+        if halted() {
+            return Poll::Ready(Err(Stopped::Halted));
+        }
         if Instant::now() >= deadline || timer.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(DeadlinePassed));
+            return Poll::Ready(Err(Stopped::DeadlinePassed));
         }
         Poll::Pending
     })

@@ -240,7 +240,13 @@ impl host::Host for RunState {
         let Some(gate) = self.gate.clone() else {
             return Err(host::ToolError::Denied("no run is in progress".into()));
         };
-        gate.call(&name, &args_json).await.map_err(|e| match e {
+        let outcome = gate.call(&name, &args_json).await;
+        if gate.halted() {
+            // The run stopped at this call (suspended, or off its journal): the guest waits
+            // here until the run's driver sees the halt and drops the instance.
+            std::future::pending::<()>().await;
+        }
+        outcome.map_err(|e| match e {
             CallError::NotFound(m) => host::ToolError::NotFound(m),
             CallError::InvalidArguments(m) => host::ToolError::InvalidArguments(m),
             CallError::Denied(m) => host::ToolError::Denied(m),
