@@ -216,6 +216,8 @@ pub struct ToolSignature {
     pub description: String,
     /// The JSON schema of its arguments object.
     pub parameters: Value,
+    /// True when a call of it waits for a person's approval.
+    pub needs_approval: bool,
 }
 
 impl Description {
@@ -239,6 +241,7 @@ impl Description {
                     signature: signature::signature(function, &b.parameters),
                     description: b.description.clone(),
                     parameters: b.parameters.clone(),
+                    needs_approval: b.needs_approval,
                 }
             })
             .collect();

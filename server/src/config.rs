@@ -90,6 +90,10 @@ pub struct PolicyConfig {
     pub namespace: Option<String>,
     /// The tools the code may call, by name or `namespace.name`.
     pub allow: Vec<String>,
+    /// Allowed tools whose calls wait for a person's approval: the run comes back
+    /// `suspended` and is resumed with the decision (`POST /v1/runs/{id}/resume`, MCP
+    /// `resume_run`).
+    pub approve: Vec<String>,
 }
 
 /// How many runs may go at once, and how long a call waits for a slot.

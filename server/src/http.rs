@@ -4,6 +4,7 @@
 //! | route | what |
 //! |---|---|
 //! | `POST /v1/runs` | one run in a fresh sandbox: `{code, vars?, files?, limits?}` → the `RunResult` JSON |
+//! | `POST /v1/runs/{id}/resume` | a run suspended at a call that waits for approval: `{decision: "approve"\|"deny"\|"answer", answer?}` → its result |
 //! | `POST /v1/sessions` | a session: `{limits?}` → `{id, expires_in_seconds, limits}` |
 //! | `POST /v1/sessions/{id}/runs` | a run in the session |
 //! | `GET /v1/sessions/{id}` | its state |
@@ -18,7 +19,9 @@
 //! are `{"error": {"kind", "message"}}`: 400 bad input, 401 no or wrong token, 404 unknown
 //! session, 409 session busy, 410 session ended, 413 body too large, 422 invalid limits,
 //! 429 busy (with `Retry-After`), 503 draining. A guest failure is a 200 with `ok: false`:
-//! the request succeeded, the code did not.
+//! the request succeeded, the code did not. Every result says its `status`: `completed`,
+//! `failed`, or `suspended` (a call of a tool that needs approval is pending: the result has
+//! a `run_id` and the `pending` call; resume it with the decision within a day).
 //!
 //! At most `[runs] max_concurrent` runs at once and `[runs] max_queued` more waiting for a
 //! slot; a request beyond both is refused at once with 429, so nothing queues without bound.
@@ -71,6 +74,8 @@ pub struct HttpApi {
     max_concurrent: usize,
     draining: AtomicBool,
     metrics: Arc<metrics::Metrics>,
+    /// Runs suspended at a call that waits for approval, until resumed.
+    suspended: crate::SuspendedRuns,
 }
 
 impl HttpApi {
@@ -120,6 +125,7 @@ impl HttpApi {
             max_concurrent,
             draining: AtomicBool::new(false),
             metrics,
+            suspended: crate::SuspendedRuns::default(),
         })
     }
 
@@ -373,17 +379,40 @@ fn request(api: &HttpApi, body: RunBody) -> Result<(RunRequest, Vec<&'static str
     Ok((request, clamped))
 }
 
-/// A run's response: a 200 with the result (ok or not) and `clamped`, or the status of an
-/// error the request caused before any code ran.
-fn respond(result: RunResult, clamped: &[&'static str], session: Option<&SessionId>) -> Response {
+/// A run's response: a 200 with the result (ok or not), its `status` and `clamped`, or the
+/// status of an error the request caused before any code ran. A suspended run is kept for
+/// its resume, under the `run_id` the body gives.
+fn respond(
+    api: &HttpApi,
+    mut result: RunResult,
+    clamped: &[&'static str],
+    session: Option<&SessionId>,
+) -> Response {
     if let Some(error) = &result.error
         && is_refusal(error.kind)
     {
         return ApiError::of_run(error).into_response();
     }
+    let suspended = result.suspended.take();
+    result.journal = None;
     let Ok(Value::Object(mut body)) = serde_json::to_value(&result) else {
         return ApiError::internal("the result does not serialize").into_response();
     };
+    let status = match (&suspended, result.ok) {
+        (Some(_), _) => "suspended",
+        (None, true) => "completed",
+        (None, false) => "failed",
+    };
+    body.insert("status".into(), json!(status));
+    if let Some(state) = suspended {
+        body.insert("pending".into(), json!(state.pending));
+        match api.suspended.keep(state) {
+            Ok(id) => {
+                body.insert("run_id".into(), json!(id));
+            }
+            Err(error) => return ApiError::of_run(&error).into_response(),
+        }
+    }
     body.insert("clamped".into(), json!(clamped));
     if let Some(id) = session {
         body.insert("session_id".into(), json!(id.as_str()));
@@ -447,7 +476,62 @@ async fn run(
     let _permits = api.admit().await?;
     let result = api.runner.run_request(request).await;
     api.record(&result);
-    Ok(respond(result, &clamped, None))
+    Ok(respond(&api, result, &clamped, None))
+}
+
+/// The body of `POST /v1/runs/{id}/resume`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResumeBody {
+    decision: String,
+    #[serde(default)]
+    answer: Option<Value>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{id}/resume",
+    request_body = openapi::ResumeInput,
+    params(("id" = String, Path, description = "the suspended run's `run_id`")),
+    responses(
+        (status = 200, description = "the resumed run's result (it may be suspended again, under a new run_id)", body = openapi::RunResult),
+        (status = 400, description = "bad decision", body = openapi::ErrorBody),
+        (status = 401, description = "no or wrong bearer token", body = openapi::ErrorBody),
+        (status = 404, description = "no suspended run has that id", body = openapi::ErrorBody),
+        (status = 429, description = "busy; see Retry-After", body = openapi::ErrorBody),
+        (status = 503, description = "draining", body = openapi::ErrorBody),
+    )
+)]
+async fn resume(
+    State(api): State<Arc<HttpApi>>,
+    Path(id): Path<String>,
+    parsed: Result<Json<ResumeBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let body = body(parsed)?;
+    let mut decision_input = Map::new();
+    decision_input.insert("decision".into(), Value::String(body.decision));
+    if let Some(answer) = body.answer {
+        decision_input.insert("answer".into(), answer);
+    }
+    let decision = crate::suspended::decision(&decision_input).map_err(|e| ApiError::of_run(&e))?;
+    let state = api.suspended.take(&id).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no suspended run has that id (it was resumed, expired or never existed)",
+        )
+    })?;
+    // Refused before it ran (draining, busy): the run waits on, for a later resume.
+    let _permits = match api.admit().await {
+        Ok(permits) => permits,
+        Err(refused) => {
+            api.suspended.put_back(id, state);
+            return Err(refused);
+        }
+    };
+    let result = api.runner.resume(state, decision).await;
+    api.record(&result);
+    Ok(respond(&api, result, &[], None))
 }
 
 #[utoipa::path(
@@ -544,7 +628,7 @@ async fn in_session(
     let _permits = api.admit().await?;
     let result = api.sessions()?.run(&id, request).await;
     api.record(&result);
-    Ok(respond(result, &clamped, Some(&id)))
+    Ok(respond(api, result, &clamped, Some(&id)))
 }
 
 #[utoipa::path(
@@ -684,6 +768,7 @@ async fn not_found() -> ApiError {
 pub fn router(api: Arc<HttpApi>, config: &crate::HttpConfig, token: Option<String>) -> Router {
     let v1 = Router::new()
         .route("/v1/runs", post(run))
+        .route("/v1/runs/{id}/resume", post(resume))
         .route("/v1/sessions", post(create_session))
         .route(
             "/v1/sessions/{id}",

@@ -13,8 +13,10 @@ pub mod mcp;
 pub mod python;
 mod sandbox;
 pub mod schema;
+pub mod suspended;
 pub mod upstream;
 
 pub use config::{ConfigError, HttpConfig, PolicyConfig, RunsConfig, ServerConfig};
 pub use python::{Progress, PythonTool, StartError, ToolOutput};
+pub use suspended::SuspendedRuns;
 pub use upstream::{Upstream, UpstreamConfig, UpstreamError};

@@ -1,7 +1,8 @@
 //! The `run_python` tool over the Model Context Protocol, on the official SDK (`rmcp`).
 //!
 //! [`McpServer`] is an `rmcp` [`ServerHandler`]: it lists `run_python` (and, where the
-//! backend keeps sessions, `create_session` and `close_session`) with the descriptions and
+//! backend keeps sessions, `create_session` and `close_session`; then `resume_run`, for a run
+//! that stopped at a call waiting for a person's approval) with the descriptions and
 //! schemas [`PythonTool`] generates, and maps each call onto it. A guest's failure, a limit,
 //! bad input or a busy server is a tool result with `isError: true`, never a protocol error.
 //! A long run sends `notifications/progress` when the client gave a progress token; a
@@ -30,7 +31,9 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::Value;
 
-use crate::python::{CLOSE_SESSION, CREATE_SESSION, Progress, PythonTool, RUN_PYTHON, ToolOutput};
+use crate::python::{
+    CLOSE_SESSION, CREATE_SESSION, Progress, PythonTool, RESUME_RUN, RUN_PYTHON, ToolOutput,
+};
 use crate::schema;
 
 /// The URI scheme of a produced file's embedded resource: `pycage-file:///out/data.csv`.
@@ -85,6 +88,25 @@ impl McpServer {
                 object(schema::close_session_input()),
             ));
         }
+        tools.push(
+            Tool::new(
+                RESUME_RUN,
+                "Finishes a `run_python` run that came back `suspended` because one of its \
+                 tool calls waits for a person's approval. Call it only with what the user \
+                 decided: `approve` (the tool runs now), `deny` (the code gets a ToolError \
+                 of kind `denied`), or `answer` with the call's result. Returns the run's \
+                 result, as `run_python` does.",
+                object(schema::resume_run_input()),
+            )
+            .with_title("Resume a run after a person's decision")
+            .with_raw_output_schema(object(tool.output_schema().clone()))
+            .with_annotations(
+                ToolAnnotations::new()
+                    .read_only(false)
+                    .destructive(true)
+                    .open_world(false),
+            ),
+        );
         McpServer {
             tool,
             tools: Arc::new(tools),
@@ -150,6 +172,7 @@ impl ServerHandler for McpServer {
         let call = async {
             match request.name.as_ref() {
                 RUN_PYTHON => Ok(self.run_python(input, &context).await),
+                RESUME_RUN => Ok(self.tool.resume(&input).await),
                 CREATE_SESSION if self.tool.sessions().is_some() => {
                     Ok(self.tool.create_session(&input).await)
                 }

@@ -24,6 +24,8 @@ pub const RUN_PYTHON: &str = "run_python";
 pub const CREATE_SESSION: &str = "create_session";
 /// The tool that destroys a session.
 pub const CLOSE_SESSION: &str = "close_session";
+/// The tool that finishes a run suspended at a call waiting for a person's approval.
+pub const RESUME_RUN: &str = "resume_run";
 
 /// Why a server could not start.
 #[derive(Debug)]
@@ -96,6 +98,8 @@ pub struct PythonTool {
     text: String,
     input_schema: Value,
     output_schema: Value,
+    /// Runs suspended at a call that waits for approval, until resumed.
+    suspended: crate::SuspendedRuns,
 }
 
 impl PythonTool {
@@ -147,6 +151,7 @@ impl PythonTool {
             text,
             input_schema,
             output_schema: schema::run_output(),
+            suspended: crate::SuspendedRuns::default(),
         })
     }
 
@@ -232,11 +237,71 @@ impl PythonTool {
             }
         };
         match result {
-            Ok(result) => render(
+            Ok(result) => self.render(
                 result,
                 call.session.as_ref().map(|(id, _)| id),
                 &call.clamped,
             ),
+            Err(error) => self.failed(&error),
+        }
+    }
+
+    /// Runs one `resume_run` call: `run_id` (of a run that came back suspended), `decision`
+    /// (`approve`, `deny` or `answer`) and, with `answer`, the call's result.
+    pub async fn resume(&self, input: &Value) -> ToolOutput {
+        let parsed = object(input).and_then(|object| {
+            if let Some(key) = object
+                .keys()
+                .find(|k| !matches!(k.as_str(), "run_id" | "decision" | "answer"))
+            {
+                return Err(invalid(format!(
+                    "`resume_run` takes `run_id`, `decision` and `answer`, not `{}`",
+                    key.escape_debug()
+                )));
+            }
+            let id = object
+                .get("run_id")
+                .and_then(Value::as_str)
+                .ok_or_else(|| invalid("`resume_run` needs `run_id`, a string".into()))?;
+            Ok((id.to_owned(), crate::suspended::decision(object)?))
+        });
+        let (id, decision) = match parsed {
+            Ok(parsed) => parsed,
+            Err(error) => return self.failed(&error),
+        };
+        let Some(state) = self.suspended.take(&id) else {
+            return self.failed(&invalid(
+                "no suspended run has that `run_id` (it was resumed, expired or never existed)"
+                    .into(),
+            ));
+        };
+        let _slot = match self.slot().await {
+            Ok(slot) => slot,
+            Err(busy) => {
+                // Nothing ran: the run waits on, for a later resume.
+                self.suspended.put_back(id, state);
+                return self.failed(&busy);
+            }
+        };
+        let result = self.runner.resume(state, decision).await;
+        self.render(result, None, &[])
+    }
+
+    /// A result as `run_python` renders it; a suspended one is kept for `resume_run`, and its
+    /// text says how to resume it.
+    fn render(
+        &self,
+        mut result: RunResult,
+        session: Option<&SessionId>,
+        clamped: &[Clamped],
+    ) -> ToolOutput {
+        result.journal = None;
+        let Some(state) = result.suspended.take() else {
+            return render(result, session, clamped, None);
+        };
+        let pending = state.pending.clone();
+        match self.suspended.keep(state) {
+            Ok(id) => render(result, session, clamped, Some((id, pending))),
             Err(error) => self.failed(&error),
         }
     }
@@ -327,6 +392,7 @@ impl PythonTool {
             RunResult::failed(backend, error.clone(), Duration::ZERO),
             None,
             &[],
+            None,
         )
     }
 
@@ -381,12 +447,38 @@ struct Call {
     clamped: Vec<Clamped>,
 }
 
-fn render(result: RunResult, session: Option<&SessionId>, clamped: &[Clamped]) -> ToolOutput {
+fn render(
+    result: RunResult,
+    session: Option<&SessionId>,
+    clamped: &[Clamped],
+    suspended: Option<(String, pycage::journal::PendingCall)>,
+) -> ToolOutput {
     let mut text = result.for_model();
     if let Some(note) = clamp::note(clamped) {
         text.push_str(&note);
         text.push('\n');
     }
+    if let Some((id, pending)) = &suspended {
+        text.push_str(&format!(
+            "The run is paused: its tool call {} (`{}` with {}) waits for a person's \
+             approval. Ask the user; once they have decided, call `{RESUME_RUN}` with \
+             run_id \"{id}\" and decision \"approve\", \"deny\", or \"answer\" with \
+             `answer` (the call's result). The code then runs again from its start, the \
+             earlier calls answered as before.\n",
+            pending.position,
+            pending.tool,
+            Value::Object(pending.args.clone()),
+        ));
+    }
+    let status = match (&suspended, result.ok) {
+        (Some(_), _) => "suspended",
+        (None, true) => "completed",
+        (None, false) => "failed",
+    };
+    let (run_id, pending) = match suspended {
+        Some((id, pending)) => (Some(id), Some(pending)),
+        None => (None, None),
+    };
     let files: Vec<Value> = result
         .files
         .iter()
@@ -409,6 +501,9 @@ fn render(result: RunResult, session: Option<&SessionId>, clamped: &[Clamped]) -
         "session_id": session.map(SessionId::as_str),
         "session_ended": result.session_ended,
         "clamped": clamped,
+        "status": status,
+        "run_id": run_id,
+        "pending": pending,
     });
     ToolOutput {
         structured,

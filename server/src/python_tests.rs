@@ -34,7 +34,7 @@ fn a_session_id_is_a_string_or_absent() {
 #[test]
 fn a_result_renders_to_the_output_schema_shape() {
     let result = RunResult::builder("wasm", Ok(json!(15))).build();
-    let out = render(result, None, &[]);
+    let out = render(result, None, &[], None);
     assert!(!out.is_error);
     let required = crate::schema::run_output()["required"].clone();
     for key in required.as_array().unwrap() {
@@ -44,7 +44,12 @@ fn a_result_renders_to_the_output_schema_shape() {
     assert_eq!(out.structured["value"], 15);
     assert_eq!(out.text, "ok\nvalue: 15\n");
     let error = RunError::new(ErrorKind::Busy, "full");
-    let failed = render(RunResult::failed("wasm", error, Duration::ZERO), None, &[]);
+    let failed = render(
+        RunResult::failed("wasm", error, Duration::ZERO),
+        None,
+        &[],
+        None,
+    );
     assert!(failed.is_error);
     assert_eq!(failed.structured["error"]["kind"], "busy");
     for key in required.as_array().unwrap() {

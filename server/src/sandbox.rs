@@ -28,7 +28,7 @@ pub fn runner(
     let policy = ToolPolicy {
         namespace: config.policy.namespace.clone(),
         allow: config.policy.allow.clone(),
-        approve: Vec::new(),
+        approve: config.policy.approve.clone(),
     };
     let backend =
         backend_by_name(&config.backend, &BackendOptions::new()).map_err(|e| e.to_string())?;

@@ -99,6 +99,24 @@ pub fn close_session_input() -> Value {
 }
 
 /// The schema of `run_python`'s structured output.
+/// The input of `resume_run`.
+pub fn resume_run_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "run_id": {"type": "string", "description": "The `run_id` of the suspended result."},
+            "decision": {
+                "enum": ["approve", "deny", "answer"],
+                "description": "What the person decided: the tool runs now (`approve`), the code gets a ToolError of kind `denied` (`deny`), or the code gets `answer` as the call's result (`answer`).",
+            },
+            "answer": {"description": "With `decision: \"answer\"`: the call's result, any JSON."},
+        },
+        "required": ["run_id", "decision"],
+        "additionalProperties": false,
+    })
+}
+
+/// The JSON schema of `run_python`'s structured output.
 pub fn run_output() -> Value {
     let nullable = |t: &str| json!({"type": [t, "null"]});
     json!({
@@ -139,6 +157,21 @@ pub fn run_output() -> Value {
             },
             "session_id": nullable("string"),
             "session_ended": {"type": "boolean"},
+            "status": {
+                "enum": ["completed", "failed", "suspended"],
+                "description": "`suspended`: a tool call waits for a person's approval; resume it with `resume_run` and `run_id`.",
+            },
+            "run_id": nullable("string"),
+            "pending": {
+                "type": ["object", "null"],
+                "description": "A suspended run's pending call.",
+                "properties": {
+                    "position": {"type": "integer"},
+                    "tool": {"type": "string"},
+                    "args": {"type": "object"},
+                    "reason": {"type": "string"},
+                },
+            },
             "clamped": {
                 "type": "array",
                 "items": {

@@ -612,3 +612,56 @@ async fn an_idle_session_is_swept_without_another_request_for_sessions() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_needs_approval_suspends_the_run_and_its_resume_finishes_it() {
+    let s = serve(
+        "[policy]\nallow = [\"add\", \"echo\"]\napprove = [\"echo\"]\n",
+        None,
+    )
+    .await;
+    let (_, doc) = s.get("/v1/openapi.json").await;
+    let doc: Value = serde_json::from_str(&doc).unwrap();
+    let code = "r = await add(a=1, b=2)\ntry:\n    e = await echo(text=str(r['sum']))\n\
+                except ToolError as x:\n    e = x.kind\nprint('got', e)\nreturn e";
+    let suspend = || s.post("/v1/runs", json!({"code": code}));
+
+    let (status, r) = suspend().await;
+    assert_eq!(status, StatusCode::OK, "{r:#}");
+    conforms(&doc, "/v1/runs", "post", status, &r);
+    assert_eq!(r["status"], "suspended", "{r:#}");
+    assert_eq!(r["error"]["kind"], "suspended");
+    assert_eq!(r["pending"]["tool"], "text.echo");
+    assert_eq!(r["pending"]["args"], json!({"text": "3"}));
+    let id = r["run_id"].as_str().unwrap().to_owned();
+    let resume = |id: String, body: Value| {
+        let s = &s;
+        async move { s.post(&format!("/v1/runs/{id}/resume"), body).await }
+    };
+
+    let (status, done) = resume(id.clone(), json!({"decision": "approve"})).await;
+    assert_eq!(status, StatusCode::OK, "{done:#}");
+    conforms(&doc, "/v1/runs/{id}/resume", "post", status, &done);
+    assert_eq!(done["status"], "completed", "{done:#}");
+    assert_eq!(done["value"], json!({"text": "3"}));
+    assert_eq!(done["stdout"], "got {'text': '3'}\n");
+    assert_eq!(done["tool_calls"], 2);
+    // Resumed once: the id is spent.
+    let (status, again) = resume(id, json!({"decision": "approve"})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(kind(&again), "not_found");
+    conforms(&doc, "/v1/runs/{id}/resume", "post", status, &again);
+
+    let id = suspend().await.1["run_id"].as_str().unwrap().to_owned();
+    let (status, bad) = resume(id.clone(), json!({"decision": "maybe"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(kind(&bad), "invalid_input");
+    // A refused decision leaves the run waiting.
+    let (_, denied) = resume(id, json!({"decision": "deny"})).await;
+    assert_eq!(denied["value"], "denied", "{denied:#}");
+
+    let id = suspend().await.1["run_id"].as_str().unwrap().to_owned();
+    let (_, answered) = resume(id, json!({"decision": "answer", "answer": "by hand"})).await;
+    assert_eq!(answered["value"], "by hand", "{answered:#}");
+    assert_eq!(answered["status"], "completed");
+}

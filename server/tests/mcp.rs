@@ -108,7 +108,15 @@ async fn the_tools_and_a_description_that_states_every_limit() {
     let h = serve("[policy]\nallow = [\"add\"]\n[limits]\nwall_timeout = \"7s\"\n[maxima]\nwall_timeout = \"45s\"").await;
     let tools = h.client.list_all_tools().await.unwrap();
     let names: Vec<_> = tools.iter().map(|t| t.name.as_ref()).collect();
-    assert_eq!(names, ["run_python", "create_session", "close_session"]);
+    assert_eq!(
+        names,
+        [
+            "run_python",
+            "create_session",
+            "close_session",
+            "resume_run"
+        ]
+    );
     let run = &tools[0];
     let description = run.description.as_deref().unwrap();
     assert_eq!(description, h.tool.text());
@@ -481,4 +489,58 @@ async fn a_session_made_with_its_own_limits_keeps_them() {
     assert_eq!(error_kind(&big), Some("memory_limit"), "{big:#?}");
     let bad = call(&h, "create_session", json!({"limit": {}})).await;
     assert_eq!(error_kind(&bad), Some("invalid_input"));
+}
+
+#[tokio::test]
+async fn a_call_that_needs_approval_suspends_and_resume_run_finishes_it() {
+    let h = serve("[policy]\nallow = [\"add\", \"echo\"]\napprove = [\"echo\"]").await;
+    let tools = h.client.list_all_tools().await.unwrap();
+    let resume = tools.iter().find(|t| t.name == "resume_run").unwrap();
+    assert_eq!(
+        resume.annotations.as_ref().unwrap().destructive_hint,
+        Some(true),
+        "a client asks before an approval goes through"
+    );
+    let description = h.tool.text();
+    assert!(
+        description.contains("needs a person's approval"),
+        "{description}"
+    );
+    let code = "r = await add(a=1, b=2)\ntry:\n    e = await echo(text=str(r['sum']))\n\
+                except ToolError as x:\n    e = x.kind\nreturn e";
+    let paused = call(&h, "run_python", json!({"code": code})).await;
+    let s = structured(&paused);
+    assert_eq!(s["status"], "suspended", "{s:#}");
+    assert_eq!(s["pending"]["tool"], "text.echo");
+    assert!(text(&paused).contains("resume_run"), "{}", text(&paused));
+    let id = s["run_id"].as_str().unwrap().to_owned();
+
+    let done = call(&h, "resume_run", json!({"run_id": id, "decision": "deny"})).await;
+    assert_eq!(done.is_error, Some(false), "{}", text(&done));
+    assert_eq!(structured(&done)["value"], "denied");
+    assert_eq!(structured(&done)["status"], "completed");
+    let spent = call(
+        &h,
+        "resume_run",
+        json!({"run_id": id, "decision": "approve"}),
+    )
+    .await;
+    assert_eq!(error_kind(&spent), Some("invalid_input"));
+
+    let id = structured(&call(&h, "run_python", json!({"code": code})).await)["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let done = call(
+        &h,
+        "resume_run",
+        json!({"run_id": id, "decision": "approve"}),
+    )
+    .await;
+    assert_eq!(
+        structured(&done)["value"],
+        json!({"text": "3"}),
+        "{}",
+        text(&done)
+    );
 }

@@ -28,7 +28,7 @@ pub(crate) fn render(facts: &Facts<'_>) -> String {
     environment(&mut out, facts.environment);
     files(&mut out, facts);
     code(&mut out, facts);
-    tools(&mut out, facts.tools);
+    tools(&mut out, facts.tools, facts.persistence);
     limits(&mut out, facts);
     out
 }
@@ -179,7 +179,7 @@ fn code(out: &mut String, facts: &Facts<'_>) {
     );
 }
 
-fn tools(out: &mut String, tools: &[ToolSignature]) {
+fn tools(out: &mut String, tools: &[ToolSignature], persistence: Persistence) {
     let _ = writeln!(out, "\n## Tools\n");
     if tools.is_empty() {
         out.push_str("No tools are exposed: the code cannot reach the host.\n");
@@ -207,6 +207,23 @@ fn tools(out: &mut String, tools: &[ToolSignature]) {
             );
         }
         let _ = writeln!(out, "{}", one_line(&tool.description));
+        if tool.needs_approval {
+            let _ = match persistence {
+                Persistence::OneShot | Persistence::OnRequest => writeln!(
+                    out,
+                    "\nA call of it needs a person's approval: the run pauses there and comes \
+                     back `suspended`; once the user has decided, it resumes from its start \
+                     (earlier calls answered as before) and the call returns the tool's result, \
+                     the user's answer, or raises `ToolError` with kind `denied`. In a session \
+                     such a call is always `denied`."
+                ),
+                Persistence::Session => writeln!(
+                    out,
+                    "\nA call of it needs a person's approval, which a session cannot wait \
+                     for: in a session it raises `ToolError` with kind `denied`."
+                ),
+            };
+        }
         let params = signature::parameters(&tool.parameters);
         if !params.is_empty() {
             out.push('\n');

@@ -116,6 +116,38 @@ pub(super) struct RunResult {
     /// The `limits` fields lowered to the server's maxima.
     clamped: Vec<String>,
     session_id: Option<String>,
+    /// `completed`, `failed`, or `suspended` (at a call that waits for approval).
+    status: String,
+    /// A suspended run's id, for `POST /v1/runs/{id}/resume`.
+    run_id: Option<String>,
+    /// A suspended run's pending call.
+    pending: Option<PendingCall>,
+}
+
+/// The call a suspended run waits on.
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PendingCall {
+    /// Its position among the run's tool calls, from 0.
+    position: u32,
+    /// The tool's qualified name (`namespace.name`).
+    tool: String,
+    /// The arguments the code passed.
+    #[schema(value_type = Object)]
+    args: serde_json::Map<String, Value>,
+    /// Why it waits.
+    reason: String,
+}
+
+/// The body of `POST /v1/runs/{id}/resume`: the decision for the pending call.
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ResumeInput {
+    /// `approve` (the tool runs now), `deny` (the code gets a `ToolError` of kind
+    /// `denied`) or `answer` (the code gets `answer` as the call's result).
+    decision: String,
+    /// With `answer`: the call's result.
+    answer: Option<Value>,
 }
 
 /// A request refused before any code ran.
@@ -184,6 +216,7 @@ pub(super) struct DescriptionBody {
     ),
     paths(
         super::run,
+        super::resume,
         super::create_session,
         super::session_run,
         super::session_state,
@@ -198,6 +231,8 @@ pub(super) struct DescriptionBody {
         RunError,
         OutputFile,
         RunResult,
+        PendingCall,
+        ResumeInput,
         ErrorBody,
         ErrorDetail,
         SessionInput,
