@@ -86,6 +86,13 @@ fn tool_calls(c: &mut Criterion) {
         b.to_async(&rt)
             .iter(|| async { assert!(r.run(code).await.ok) })
     });
+    // The same calls in a session, whose runs keep no journal: beside the one-shot run (which
+    // records every call, in case one waits for approval) it shows what the journal costs.
+    let session = rt.block_on(r.session()).unwrap();
+    c.bench_function("tool_call_x1000_session_unjournaled", |b| {
+        b.to_async(&rt)
+            .iter(|| async { assert!(session.run(code).await.ok) })
+    });
 }
 
 fn broker_only(c: &mut Criterion) {

@@ -251,6 +251,11 @@ pub struct McpArgs {
     #[command(flatten)]
     pub sandbox: SandboxArgs,
 
+    /// Calls of this allowed tool wait for a person's approval (repeatable; replaces the
+    /// file's `[policy] approve`): the run comes back suspended, for `resume_run`.
+    #[arg(long = "approve", value_name = "TOOL")]
+    pub approve: Vec<String>,
+
     /// The most runs at once; a call beyond them waits up to --queue-timeout, then fails as
     /// `busy` [default: 4].
     #[arg(long = "max-concurrent", value_name = "N")]
@@ -295,6 +300,11 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub sandbox: SandboxArgs,
+
+    /// Calls of this allowed tool wait for a person's approval (repeatable; replaces the
+    /// file's `[policy] approve`): the run comes back suspended, for `POST /v1/runs/{id}/resume`.
+    #[arg(long = "approve", value_name = "TOOL")]
+    pub approve: Vec<String>,
 
     /// Listen here (`127.0.0.1:8080`; port 0 picks one, printed on stderr) [default: the
     /// file's `[http] listen`, else 127.0.0.1:8080].

@@ -97,7 +97,7 @@ fn config(args: &McpArgs) -> Result<ServerConfig, String> {
         Some(path) => ServerConfig::from_file(path).map_err(|e| e.to_string())?,
         None => ServerConfig::default(),
     };
-    apply_sandbox_flags(&mut config, &args.sandbox);
+    apply_sandbox_flags(&mut config, &args.sandbox, &args.approve);
     if let Some(n) = args.max_concurrent {
         config.runs.max_concurrent = n;
     }
@@ -123,15 +123,22 @@ fn config(args: &McpArgs) -> Result<ServerConfig, String> {
     Ok(config)
 }
 
-/// The sandbox flags over `config`: each one given replaces the file's value (`--tools`
-/// adds files, `--allow` replaces the list).
-pub(crate) fn apply_sandbox_flags(config: &mut ServerConfig, flags: &SandboxArgs) {
+/// The sandbox flags (and `--approve`) over `config`: each one given replaces the file's
+/// value (`--tools` adds files, `--allow` and `--approve` replace the lists).
+pub(crate) fn apply_sandbox_flags(
+    config: &mut ServerConfig,
+    flags: &SandboxArgs,
+    approve: &[String],
+) {
     config.tools.extend(flags.tools.iter().cloned());
     if flags.namespace.is_some() {
         config.policy.namespace.clone_from(&flags.namespace);
     }
     if !flags.allow.is_empty() {
         config.policy.allow.clone_from(&flags.allow);
+    }
+    if !approve.is_empty() {
+        config.policy.approve = approve.to_vec();
     }
     if let Some(backend) = &flags.backend {
         config.backend.clone_from(backend);

@@ -313,31 +313,36 @@ impl Broker {
         };
         let args = parse_args(args_json)?;
         self.admit()?;
-        let qualified = format!("{}.{}", tool.namespace(), tool.name());
-        let needs_approval = self.tools.needs_approval(&qualified);
+        let qualified = || format!("{}.{}", tool.namespace(), tool.name());
+        let needs_approval = |qualified: &str| {
+            self.tools.any_need_approval() && self.tools.needs_approval(qualified)
+        };
         let Some(journal) = &self.journal else {
-            if needs_approval {
+            if self.tools.any_need_approval() && needs_approval(&qualified()) {
                 return Err(CallError::Denied(format!(
-                    "`{qualified}` needs a person's approval, which a run that keeps no \
-                     journal (a session's) cannot wait for"
+                    "`{}` needs a person's approval, which a run that keeps no journal (a \
+                     session's) cannot wait for",
+                    qualified()
                 )));
             }
             return match self.invoke(tool, args).await {
                 Invoked::Done(outcome) => outcome,
                 Invoked::Suspend(reason) => Err(CallError::Denied(format!(
-                    "`{qualified}` waits for a person ({reason}), which a run that keeps no \
-                     journal (a session's) cannot do"
+                    "`{}` waits for a person ({reason}), which a run that keeps no journal \
+                     (a session's) cannot do",
+                    qualified()
                 ))),
             };
         };
-        match journal.begin(&qualified, &args, needs_approval) {
+        let qualified = qualified();
+        match journal.begin(&qualified, &args, needs_approval(&qualified)) {
             Step::Answer(answer) => answer,
             Step::Halt => Err(self.halt()),
             Step::Call { position } => {
                 let recorded_args = args.clone();
                 match self.invoke(tool, args).await {
                     Invoked::Done(outcome) => {
-                        journal.record(position, &qualified, &recorded_args, &outcome);
+                        journal.record(position, qualified, recorded_args, &outcome);
                         outcome
                     }
                     Invoked::Suspend(reason) => {

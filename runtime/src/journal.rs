@@ -498,8 +498,50 @@ struct JournalState {
     /// Set once a divergence sent the run to the live tools.
     live: bool,
     next: u32,
-    recorded: Vec<JournalCall>,
+    recorded: Vec<Recorded>,
     halt: Option<Halt>,
+}
+
+/// A call as the run made it. A live one becomes a [`JournalCall`] only when the journal is
+/// read: parsing each result back into JSON on the call's path showed in the profile of
+/// `tool_call_x1000` (`benches/hot_paths.rs`); keeping its text is a copy.
+#[derive(Debug)]
+enum Recorded {
+    /// Answered from the journal it replays: the entry as it was.
+    Replayed(JournalCall),
+    /// Made now (or answered by a decision).
+    Live {
+        position: u32,
+        tool: String,
+        args: Map<String, Value>,
+        outcome: Result<String, CallError>,
+    },
+}
+
+impl Recorded {
+    fn position(&self) -> u32 {
+        match self {
+            Recorded::Replayed(call) => call.position,
+            Recorded::Live { position, .. } => *position,
+        }
+    }
+
+    fn to_call(&self) -> JournalCall {
+        match self {
+            Recorded::Replayed(call) => call.clone(),
+            Recorded::Live {
+                position,
+                tool,
+                args,
+                outcome,
+            } => JournalCall {
+                position: *position,
+                tool: tool.clone(),
+                args: args.clone(),
+                outcome: CallOutcome::of(outcome),
+            },
+        }
+    }
 }
 
 impl CallJournal {
@@ -563,11 +605,16 @@ impl CallJournal {
     pub(crate) fn record(
         &self,
         position: u32,
-        tool: &str,
-        args: &Map<String, Value>,
+        tool: String,
+        args: Map<String, Value>,
         outcome: &Result<String, CallError>,
     ) {
-        self.lock().record(position, tool, args, outcome);
+        self.lock().recorded.push(Recorded::Live {
+            position,
+            tool,
+            args,
+            outcome: outcome.clone(),
+        });
     }
 
     /// The tool at `position` asked the run to wait: it stops there.
@@ -606,9 +653,10 @@ impl CallJournal {
 
     /// The calls made so far, by position (a halted call is not among them).
     pub(crate) fn calls(&self) -> Vec<JournalCall> {
-        let mut calls = self.lock().recorded.clone();
-        calls.sort_by_key(|c| c.position);
-        calls
+        let state = self.lock();
+        let mut recorded: Vec<&Recorded> = state.recorded.iter().collect();
+        recorded.sort_by_key(|c| c.position());
+        recorded.into_iter().map(Recorded::to_call).collect()
     }
 
     /// The calls so far, signed with `key`, as the journal of a run of `code`.
@@ -625,11 +673,11 @@ impl JournalState {
         args: &Map<String, Value>,
         outcome: &Result<String, CallError>,
     ) {
-        self.recorded.push(JournalCall {
+        self.recorded.push(Recorded::Live {
             position,
             tool: tool.to_owned(),
             args: args.clone(),
-            outcome: CallOutcome::of(outcome),
+            outcome: outcome.clone(),
         });
     }
 
@@ -641,7 +689,7 @@ impl JournalState {
             if entry.tool == tool && entry.args == *args {
                 let entry = entry.clone();
                 let answer = entry.outcome.answer();
-                self.recorded.push(entry);
+                self.recorded.push(Recorded::Replayed(entry));
                 return Some(Step::Answer(answer));
             }
             describe_call(&entry.tool, &entry.args)

@@ -117,7 +117,7 @@ fn replay_answers_matching_calls_then_goes_live_past_the_journal() {
         Step::Call { position: 1 } => {}
         other => panic!("{other:?}"),
     }
-    journal.record(1, "math.add", &args(json!({"a": 2})), &Ok("3".into()));
+    journal.record(1, "math.add".into(), args(json!({"a": 2})), &Ok("3".into()));
     let calls = journal.calls();
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[1].outcome, CallOutcome::Ok(json!(3)));
