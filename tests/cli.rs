@@ -854,7 +854,7 @@ fn a_journal_replays_without_calling_the_tool_and_a_forged_one_is_refused() {
     );
     let journal = dir.join("replay-journal.json");
     let key = dir.join("replay.key");
-    let args = |extra: &[&str]| {
+    let run = |program: &Path, extra: &[&str]| {
         let mut all = vec![
             "run",
             program.to_str().unwrap(),
@@ -869,6 +869,7 @@ fn a_journal_replays_without_calling_the_tool_and_a_forged_one_is_refused() {
         all.extend(extra);
         pycage(&all)
     };
+    let args = |extra: &[&str]| run(&program, extra);
     let calls = || {
         std::fs::read_to_string(&counter)
             .unwrap_or_default()
@@ -903,22 +904,11 @@ fn a_journal_replays_without_calling_the_tool_and_a_forged_one_is_refused() {
         "replay-edited.py",
         b"a = await note(n=1)\nb = await note(n=5)\nreturn [a, b]\n",
     );
+    let replay = journal.to_str().unwrap();
     let run_edited = |extra: &[&str]| {
-        let mut all = vec![
-            "run",
-            edited.to_str().unwrap(),
-            "--tools",
-            tools.to_str().unwrap(),
-            "--allow",
-            "note",
-            "--journal-key",
-            key.to_str().unwrap(),
-            "--replay",
-            journal.to_str().unwrap(),
-            "--json",
-        ];
+        let mut all = vec!["--replay", replay];
         all.extend(extra);
-        pycage(&all)
+        run(&edited, &all)
     };
     let diverged = run_edited(&[]);
     assert_eq!(code(&diverged), 1);

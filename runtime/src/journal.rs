@@ -283,7 +283,7 @@ impl Journal {
             calls,
             mac: String::new(),
         };
-        journal.mac = key.mac(JOURNAL_DOMAIN, &journal.unsigned());
+        journal.mac = journal.signature(key);
         journal
     }
 
@@ -305,19 +305,19 @@ impl Journal {
     ///
     /// [`JournalError::BadSignature`] when it does not verify.
     pub fn verify(&self, key: &JournalKey) -> Result<(), JournalError> {
-        check_version(self.version)?;
-        if key.verifies(JOURNAL_DOMAIN, &self.unsigned(), &self.mac) {
-            Ok(())
-        } else {
-            Err(JournalError::BadSignature)
-        }
+        self.check(key)
+    }
+}
+
+impl Signed for Journal {
+    const DOMAIN: &'static [u8] = JOURNAL_DOMAIN;
+
+    fn version(&self) -> u32 {
+        self.version
     }
 
-    fn unsigned(&self) -> Value {
-        // Plain structs with string keys: serializing cannot fail.
-        let mut value = serde_json::to_value(self).unwrap_or_default();
-        value.as_object_mut().map(|o| o.remove("mac"));
-        value
+    fn mac(&self) -> &str {
+        &self.mac
     }
 }
 
@@ -371,7 +371,7 @@ pub struct Suspended {
 impl Suspended {
     pub(crate) fn sign(key: &JournalKey, mut state: Suspended) -> Self {
         state.version = JOURNAL_VERSION;
-        state.mac = key.mac(SUSPENDED_DOMAIN, &state.unsigned());
+        state.mac = state.signature(key);
         state
     }
 
@@ -408,19 +408,52 @@ impl Suspended {
     ///
     /// [`JournalError::BadSignature`] when it does not verify.
     pub fn verify(&self, key: &JournalKey) -> Result<(), JournalError> {
-        check_version(self.version)?;
-        if key.verifies(SUSPENDED_DOMAIN, &self.unsigned(), &self.mac) {
-            Ok(())
-        } else {
-            Err(JournalError::BadSignature)
-        }
+        self.check(key)
+    }
+}
+
+impl Signed for Suspended {
+    const DOMAIN: &'static [u8] = SUSPENDED_DOMAIN;
+
+    fn version(&self) -> u32 {
+        self.version
     }
 
+    fn mac(&self) -> &str {
+        &self.mac
+    }
+}
+
+/// A document signed by a [`JournalKey`]: its `mac` covers the rest of its JSON, under a
+/// domain string of its kind (so one kind's MAC never verifies another).
+trait Signed: Serialize {
+    const DOMAIN: &'static [u8];
+
+    fn version(&self) -> u32;
+
+    fn mac(&self) -> &str;
+
+    /// The document's JSON without its `mac`: what the MAC covers.
     fn unsigned(&self) -> Value {
         // Plain structs with string keys: serializing cannot fail.
         let mut value = serde_json::to_value(self).unwrap_or_default();
         value.as_object_mut().map(|o| o.remove("mac"));
         value
+    }
+
+    /// The MAC `key` gives the document.
+    fn signature(&self, key: &JournalKey) -> String {
+        key.mac(Self::DOMAIN, &self.unsigned())
+    }
+
+    /// Checks the version and the MAC.
+    fn check(&self, key: &JournalKey) -> Result<(), JournalError> {
+        check_version(self.version())?;
+        if key.verifies(Self::DOMAIN, &self.unsigned(), self.mac()) {
+            Ok(())
+        } else {
+            Err(JournalError::BadSignature)
+        }
     }
 }
 
