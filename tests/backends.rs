@@ -376,7 +376,32 @@ async fn huge_arguments_are_capped(s: &Subject) {
     assert_eq!(r.tool_calls, 0);
 }
 
+/// A call that needs approval stops the run on every backend (the wasm instance at once; a
+/// process guest has the call and every later one denied, and its result set aside), and a
+/// resume finishes it with the answer.
+async fn an_approval_suspends_and_a_resume_finishes(s: &Subject) {
+    let runner = s.runner(
+        ToolRegistry::with_builtins(),
+        ToolPolicy::new().allow("add").allow("echo").approve("echo"),
+        Limits::default(),
+    );
+    let code = "r = await add(a=1, b=2)\ntry:\n    e = await echo(text='x')\nexcept ToolError as x:\n    \
+                e = x.kind\nprint('after', e)\nreturn [r['sum'], e]";
+    let stopped = runner.run(code).await;
+    assert_kind(&stopped, ErrorKind::Suspended);
+    let state = stopped.suspended.expect("the state");
+    assert_eq!(state.pending.tool, "text.echo");
+    assert_eq!(state.calls.len(), 1);
+    let resumed = runner
+        .resume(state, pycage::Decision::Answer(json!("by hand")))
+        .await;
+    assert!(resumed.ok, "{resumed:#?}");
+    assert_eq!(resumed.value, json!([3, "by hand"]));
+    assert_eq!(resumed.stdout, "after by hand\n");
+}
+
 every_backend!([
+    an_approval_suspends_and_a_resume_finishes,
     seed_example,
     initial_variables,
     guest_exception,
