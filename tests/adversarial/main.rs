@@ -204,7 +204,16 @@ async fn run_case_via_mcp(
     check_expectation(case, subject.native(), &result)?;
     canaries.check(&result)?;
     Canaries::check_text(&whole, "the MCP response")?;
-    let fresh = runner.run("return 1 + 1").await;
+    fresh_sandbox_runs(&runner).await
+}
+
+/// Checks that the runner still gives a working sandbox after a case. The probe has the
+/// default limits, not the case's: it asks whether the backend still works, not how fast it
+/// starts (a container's cold start under load took over a case's 1 s wall limit once).
+async fn fresh_sandbox_runs(runner: &Runner) -> Result<(), String> {
+    let fresh = runner
+        .run_request(pycage::RunRequest::new("return 1 + 1").limits(pycage::Limits::default()))
+        .await;
     if fresh.value != serde_json::json!(2) {
         return Err(format!("a fresh sandbox no longer runs: {fresh:?}"));
     }
@@ -267,11 +276,7 @@ async fn run_case(
     }
     check_expectation(case, subject.native(), &result)?;
     canaries.check(&result)?;
-    let fresh = runner.run("return 1 + 1").await;
-    if fresh.value != serde_json::json!(2) {
-        return Err(format!("a fresh sandbox no longer runs: {fresh:?}"));
-    }
-    Ok(())
+    fresh_sandbox_runs(&runner).await
 }
 
 /// Runs a session case: `code`, then each follow-up, in one session (or the follow-ups in a
