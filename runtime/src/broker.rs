@@ -318,7 +318,7 @@ impl Broker {
             self.tools.any_need_approval() && self.tools.needs_approval(qualified)
         };
         let Some(journal) = &self.journal else {
-            if self.tools.any_need_approval() && needs_approval(&qualified()) {
+            if needs_approval(&qualified()) {
                 return Err(CallError::Denied(format!(
                     "`{}` needs a person's approval, which a run that keeps no journal (a \
                      session's) cannot wait for",

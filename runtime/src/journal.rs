@@ -623,12 +623,8 @@ impl CallJournal {
             return step;
         }
         if needs_approval || state.approve.iter().any(|t| t == tool) {
-            state.halt = Some(Halt::Suspended(PendingCall {
-                position,
-                tool: tool.to_owned(),
-                args: args.clone(),
-                reason: format!("`{tool}` needs a person's approval"),
-            }));
+            let reason = format!("`{tool}` needs a person's approval");
+            state.suspend(position, tool, args, reason);
             return Step::Halt;
         }
         Step::Call { position }
@@ -642,12 +638,7 @@ impl CallJournal {
         args: Map<String, Value>,
         outcome: &Result<String, CallError>,
     ) {
-        self.lock().recorded.push(Recorded::Live {
-            position,
-            tool,
-            args,
-            outcome: outcome.clone(),
-        });
+        self.lock().record(position, tool, args, outcome);
     }
 
     /// The tool at `position` asked the run to wait: it stops there.
@@ -660,12 +651,7 @@ impl CallJournal {
     ) {
         let mut state = self.lock();
         if state.halt.is_none() {
-            state.halt = Some(Halt::Suspended(PendingCall {
-                position,
-                tool: tool.to_owned(),
-                args: args.clone(),
-                reason: reason.to_owned(),
-            }));
+            state.suspend(position, tool, args, reason.to_owned());
         }
     }
 
@@ -702,16 +688,26 @@ impl JournalState {
     fn record(
         &mut self,
         position: u32,
-        tool: &str,
-        args: &Map<String, Value>,
+        tool: String,
+        args: Map<String, Value>,
         outcome: &Result<String, CallError>,
     ) {
         self.recorded.push(Recorded::Live {
             position,
-            tool: tool.to_owned(),
-            args: args.clone(),
+            tool,
+            args,
             outcome: outcome.clone(),
         });
+    }
+
+    /// The run stops at the call at `position`, which waits for a person.
+    fn suspend(&mut self, position: u32, tool: &str, args: &Map<String, Value>, reason: String) {
+        self.halt = Some(Halt::Suspended(PendingCall {
+            position,
+            tool: tool.to_owned(),
+            args: args.clone(),
+            reason,
+        }));
     }
 
     /// The step for the call at `position` while the run still follows its journal: `None`
@@ -739,7 +735,7 @@ impl JournalState {
                     ))),
                     Decision::Answer(value) => Ok(value.to_string()),
                 };
-                self.record(position, tool, args, &answer);
+                self.record(position, tool.to_owned(), args.clone(), &answer);
                 return Some(Step::Answer(answer));
             }
             describe_call(&pending.tool, &pending.args)

@@ -398,11 +398,7 @@ fn respond(
     let Ok(Value::Object(mut body)) = serde_json::to_value(&result) else {
         return ApiError::internal("the result does not serialize").into_response();
     };
-    let status = match (&suspended, result.ok) {
-        (Some(_), _) => "suspended",
-        (None, true) => "completed",
-        (None, false) => "failed",
-    };
+    let status = crate::suspended::status(suspended.is_some(), result.ok);
     body.insert("status".into(), json!(status));
     if let Some(state) = suspended {
         body.insert("pending".into(), json!(state.pending));
@@ -508,12 +504,8 @@ async fn resume(
     parsed: Result<Json<ResumeBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let body = body(parsed)?;
-    let mut decision_input = Map::new();
-    decision_input.insert("decision".into(), Value::String(body.decision));
-    if let Some(answer) = body.answer {
-        decision_input.insert("answer".into(), answer);
-    }
-    let decision = crate::suspended::decision(&decision_input).map_err(|e| ApiError::of_run(&e))?;
+    let decision = crate::suspended::decision(Some(&body.decision), body.answer.as_ref())
+        .map_err(|e| ApiError::of_run(&e))?;
     let state = api.suspended.take(&id).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,

@@ -263,7 +263,9 @@ impl PythonTool {
                 .get("run_id")
                 .and_then(Value::as_str)
                 .ok_or_else(|| invalid("`resume_run` needs `run_id`, a string".into()))?;
-            Ok((id.to_owned(), crate::suspended::decision(object)?))
+            let decision = object.get("decision").and_then(Value::as_str);
+            let decision = crate::suspended::decision(decision, object.get("answer"))?;
+            Ok((id.to_owned(), decision))
         });
         let (id, decision) = match parsed {
             Ok(parsed) => parsed,
@@ -470,11 +472,7 @@ fn render(
             Value::Object(pending.args.clone()),
         ));
     }
-    let status = match (&suspended, result.ok) {
-        (Some(_), _) => "suspended",
-        (None, true) => "completed",
-        (None, false) => "failed",
-    };
+    let status = crate::suspended::status(suspended.is_some(), result.ok);
     let (run_id, pending) = match suspended {
         Some((id, pending)) => (Some(id), Some(pending)),
         None => (None, None),

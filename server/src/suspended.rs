@@ -111,16 +111,25 @@ fn new_id() -> Result<String, RunError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The decision a resume request carries: `{"decision": "approve"}`, `{"decision":
-/// "deny"}`, or `{"decision": "answer", "answer": <JSON>}`.
+/// A result's `status` on the servers: `suspended` when it stopped at a call that waits for
+/// approval, else `completed` or `failed`.
+pub fn status(suspended: bool, ok: bool) -> &'static str {
+    match (suspended, ok) {
+        (true, _) => "suspended",
+        (false, true) => "completed",
+        (false, false) => "failed",
+    }
+}
+
+/// The decision a resume request carries, from its `decision` (`"approve"`, `"deny"` or
+/// `"answer"`) and, with `"answer"`, its `answer` (any JSON).
 ///
 /// # Errors
 ///
 /// `invalid_input` naming what is wrong.
-pub fn decision(input: &serde_json::Map<String, Value>) -> Result<Decision, RunError> {
+pub fn decision(decision: Option<&str>, answer: Option<&Value>) -> Result<Decision, RunError> {
     let invalid = |m: &str| RunError::new(ErrorKind::InvalidInput, m);
-    let answer = input.get("answer");
-    match input.get("decision").and_then(Value::as_str) {
+    match decision {
         Some("approve") if answer.is_none() => Ok(Decision::Approve),
         Some("deny") if answer.is_none() => Ok(Decision::Deny),
         Some("answer") => answer
@@ -168,7 +177,7 @@ mod tests {
 
     #[test]
     fn decisions_parse_and_bad_ones_say_why() {
-        let parse = |v: Value| decision(v.as_object().unwrap());
+        let parse = |v: Value| decision(v["decision"].as_str(), v.get("answer"));
         assert_eq!(
             parse(json!({"decision": "approve"})).unwrap(),
             Decision::Approve
