@@ -29,6 +29,7 @@ the host checks it, and every policy, on its side. Nothing here is trusted by th
 
 import json
 import os
+import signal
 import socket
 import struct
 import sys
@@ -285,10 +286,30 @@ _OUT_OF_MEMORY = {
 }
 
 
+# True while a run's code runs: only then does SIGINT (a session run's deadline) interrupt.
+_running = False
+
+
+def _interrupt(signum, frame):
+    """SIGINT: the host's interrupt at a session run's deadline, as Ctrl-C in a notebook.
+
+    ``KeyboardInterrupt`` in the running code; between runs (an interrupt that came as the
+    run ended) nothing, so the session's loop is never cut.
+    """
+    if _running:
+        raise KeyboardInterrupt
+
+
 def _run(connection, code, request_json):
     """The run's outcome. Whatever the code holds is released when this returns."""
+    global _running
     try:
-        return {"ok": True, "value_json": pycage_runner.run(code, request_json, connection.call)}
+        _running = True
+        try:
+            value_json = pycage_runner.run(code, request_json, connection.call)
+        finally:
+            _running = False
+        return {"ok": True, "value_json": value_json}
     except pycage_runner.Failure as failure:
         return _outcome(failure)
     except MemoryError:
@@ -327,6 +348,7 @@ def _serve_session(control):
     answer to ``next``.
     """
     tools = Connection(control._path, json.loads(control._token_json), control._max_args_bytes)
+    signal.signal(signal.SIGINT, _interrupt)
     while True:
         try:
             job = control.next_job()

@@ -112,6 +112,39 @@ def _write_std_streams_whole():
 _write_std_streams_whole()
 
 
+def _interrupt_table():
+    """Lets the host interrupt a session's run the way Ctrl-C interrupts a notebook cell.
+
+    Past a session run's deadline the host writes what a SIGINT would have set into this
+    instance's memory: the signal's `tripped` flag, the interpreter's `is_tripped`, and the
+    signals bit of the main thread's eval breaker. The eval loop then calls the SIGINT handler
+    at its next check, which raises ``KeyboardInterrupt`` in the running code (see
+    `runtime/src/wasm/interrupt.rs`). The handler is installed here, in the snapshot, because
+    componentize-py starts the interpreter without its signal handlers.
+
+    The host finds those places by what it can check: the table below (a magic word pair, the
+    interpreter's version, ``NSIG``, the handler's address, the address of ``0``, which is the
+    interpreter's SIG_DFL object, and the first word inverted as an end mark) tells it which
+    values the signals state holds. Keep in step with that file.
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    words = (
+        *_INTERRUPT_MAGIC,
+        sys.hexversion,
+        signal.NSIG,
+        id(signal.default_int_handler),
+        id(0),
+        _INTERRUPT_MAGIC[0] ^ 0xFFFFFFFF,
+    )
+    return array.array("I", words)
+
+
+_INTERRUPT_MAGIC = (0x65746E69, 0x70757272)
+_INTERRUPT_TABLE = _interrupt_table()
+
+
 def _reseed_random_lazily():
     """Makes the ``random`` module reseed from the host on first use in each instance.
 

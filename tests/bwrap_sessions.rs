@@ -201,16 +201,53 @@ async fn each_run_has_its_own_output_within_its_cap() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_timeout_ends_the_session_and_later_runs_say_session_ended() {
+async fn a_timeout_interrupts_the_code_and_the_session_keeps_its_state() {
+    let Some(session) = session(wall(Duration::from_millis(500))).await else {
+        return;
+    };
+    assert!(session.run("import json\nx = 1").await.ok);
+    let code =
+        "def spin():\n    global x\n    while True:\n        x += 1\nnote = 'before'\nspin()";
+    let started = Instant::now();
+    let r = session.run(code).await;
+    assert!(started.elapsed() < Duration::from_secs(5), "{r:#?}");
+    assert_kind(&r, ErrorKind::Timeout);
+    assert!(r.timed_out && !r.session_ended, "{r:#?}");
+    let error = r.error.as_ref().unwrap();
+    assert_eq!(
+        error.exception.as_deref(),
+        Some("KeyboardInterrupt"),
+        "{r:#?}"
+    );
+    let tb = error.traceback.as_deref().unwrap_or_default();
+    assert!(
+        tb.contains("in spin"),
+        "the traceback shows where the code was: {tb}"
+    );
+    let after = session.run("return [x > 1, note, json.dumps([1])]").await;
+    assert_eq!(after.value, json!([true, "before", "[1]"]), "{after:#?}");
+    let again = session.run("while True:\n    pass").await;
+    assert_kind(&again, ErrorKind::Timeout);
+    assert!(!again.session_ended, "{again:#?}");
+    assert_eq!(session.run("return note").await.value, json!("before"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_that_swallows_the_interrupt_ends_the_session_and_later_runs_say_so() {
     let Some(session) = session(wall(Duration::from_millis(500))).await else {
         return;
     };
     assert!(session.run("x = 1").await.ok);
+    let code = "while True:\n    try:\n        while True:\n            pass\n    except KeyboardInterrupt:\n        pass";
     let started = Instant::now();
-    let r = session.run("while True:\n    pass").await;
-    assert!(started.elapsed() < Duration::from_secs(3), "{r:#?}");
+    let r = session.run(code).await;
+    assert!(started.elapsed() < Duration::from_secs(5), "{r:#?}");
     assert_kind(&r, ErrorKind::Timeout);
     assert!(r.timed_out && r.session_ended, "{r:#?}");
+    assert!(
+        r.error.as_ref().unwrap().message.contains("did not stop"),
+        "{r:#?}"
+    );
     for _ in 0..2 {
         let later = session.run("return x").await;
         assert_kind(&later, ErrorKind::SessionEnded);

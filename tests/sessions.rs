@@ -172,14 +172,89 @@ async fn a_stack_overflow_trap_ends_the_session() {
 }
 
 #[tokio::test]
-async fn a_timeout_in_a_session_ends_it_and_says_so() {
+async fn a_timeout_in_a_session_interrupts_the_code_and_the_session_keeps_its_state() {
+    let limits = common::wall(Duration::from_millis(300));
+    let session = runner(ToolPolicy::new(), limits).session().await.unwrap();
+    assert!(session.run("import json\nx = 1").await.ok);
+    let code =
+        "def spin():\n    global x\n    while True:\n        x += 1\nnote = 'before'\nspin()";
+    let r = session.run(code).await;
+    assert_kind(&r, ErrorKind::Timeout);
+    assert!(r.timed_out && !r.session_ended, "{r:#?}");
+    let error = r.error.as_ref().unwrap();
+    assert_eq!(
+        error.exception.as_deref(),
+        Some("KeyboardInterrupt"),
+        "{r:#?}"
+    );
+    assert!(error.message.contains("keeps its state"), "{r:#?}");
+    let tb = error.traceback.as_deref().unwrap_or_default();
+    assert!(
+        tb.contains("in spin"),
+        "the traceback shows where the code was: {tb}"
+    );
+    // What the interrupted run did stays, and so does what came before it.
+    let after = session.run("return [x > 1, note, json.dumps([1])]").await;
+    assert_eq!(after.value, json!([true, "before", "[1]"]), "{after:#?}");
+    // The interrupt was taken back: a loop in the next run is not cut short.
+    let next = session
+        .run("n = 0\nfor i in range(200_000):\n    n += 1\nreturn n")
+        .await;
+    assert_eq!(next.value, json!(200_000), "{next:#?}");
+    // And a second timeout is interrupted in the same way.
+    let again = session.run("while True:\n    pass").await;
+    assert_kind(&again, ErrorKind::Timeout);
+    assert!(!again.session_ended, "{again:#?}");
+    assert_eq!(session.run("return note").await.value, json!("before"));
+}
+
+#[tokio::test]
+async fn code_waiting_in_short_sleeps_is_interrupted_between_them() {
+    let limits = common::wall(Duration::from_millis(300));
+    let session = runner(ToolPolicy::new(), limits).session().await.unwrap();
+    let r = session
+        .run("import time\nticks = 0\nwhile True:\n    time.sleep(0.01)\n    ticks += 1")
+        .await;
+    assert_kind(&r, ErrorKind::Timeout);
+    assert!(!r.session_ended, "{r:#?}");
+    assert_eq!(session.run("return ticks > 0").await.value, json!(true));
+}
+
+#[tokio::test]
+async fn code_that_swallows_the_interrupt_ends_the_session() {
     let limits = common::wall(Duration::from_millis(300));
     let session = runner(ToolPolicy::new(), limits).session().await.unwrap();
     assert!(session.run("x = 1").await.ok);
-    let r = session.run("while True:\n    pass").await;
+    let code = "while True:\n    try:\n        while True:\n            pass\n    except KeyboardInterrupt:\n        pass";
+    let r = session.run(code).await;
+    assert_kind(&r, ErrorKind::Timeout);
+    assert!(r.timed_out && r.session_ended, "{r:#?}");
+    let message = &r.error.as_ref().unwrap().message;
+    assert!(message.contains("did not stop"), "{r:#?}");
+    assert_kind(&session.run("return x").await, ErrorKind::SessionEnded);
+}
+
+#[tokio::test]
+async fn a_run_still_waiting_in_a_host_call_after_the_grace_period_ends_the_session() {
+    // No epoch check runs while the guest waits in the host, so nothing can interrupt it.
+    let limits = common::wall(Duration::from_millis(300));
+    let session = runner(ToolPolicy::new(), limits).session().await.unwrap();
+    assert!(session.run("x = 1").await.ok);
+    let r = session.run("import time\ntime.sleep(30)").await;
     assert_kind(&r, ErrorKind::Timeout);
     assert!(r.timed_out && r.session_ended, "{r:#?}");
     assert_kind(&session.run("return x").await, ErrorKind::SessionEnded);
+}
+
+#[tokio::test]
+async fn a_one_shot_run_is_still_trapped_at_its_deadline() {
+    let limits = common::wall(Duration::from_millis(300));
+    let r = runner(ToolPolicy::new(), limits)
+        .run("while True:\n    try:\n        while True:\n            pass\n    except KeyboardInterrupt:\n        pass")
+        .await;
+    assert_kind(&r, ErrorKind::Timeout);
+    assert!(r.timed_out, "{r:#?}");
+    assert_eq!(r.error.unwrap().exception, None, "a trap, not an interrupt");
 }
 
 #[tokio::test]

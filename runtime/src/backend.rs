@@ -164,6 +164,40 @@ pub(crate) fn cancelled_run_ended(backend: &str, took: std::time::Duration) -> R
         .build()
 }
 
+/// How long a session's code has to stop after the interrupt its run's deadline sent
+/// (`KeyboardInterrupt`, as Ctrl-C in a notebook), before its guest is killed or trapped and
+/// the session ends with it.
+pub(crate) const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The error of a session run that passed its deadline, was interrupted, and stopped: a
+/// timeout, with the guest's traceback and exception where the interrupt ended the code
+/// (`guest`, the failure the guest reported, if it reported one).
+pub(crate) fn interrupted(guest: Option<RunError>) -> RunError {
+    let message = "the wall-clock limit was reached: the code was interrupted with \
+                   KeyboardInterrupt, and the session keeps its state";
+    match guest {
+        Some(guest) => RunError {
+            kind: ErrorKind::Timeout,
+            message: message.to_owned(),
+            ..guest
+        },
+        None => RunError::new(ErrorKind::Timeout, message),
+    }
+}
+
+/// The error of a session run that passed its deadline and did not stop within
+/// [`INTERRUPT_GRACE`] of its interrupt: its guest is gone, and the session with it.
+pub(crate) fn interrupt_ignored() -> RunError {
+    RunError::new(
+        ErrorKind::Timeout,
+        format!(
+            "the wall-clock limit was reached, and the code did not stop within {} ms of the \
+             KeyboardInterrupt it was sent",
+            INTERRUPT_GRACE.as_millis()
+        ),
+    )
+}
+
 /// One session's guest, kept alive by its backend between runs (see
 /// [`Runner::session`](crate::Runner::session), which owns it).
 ///

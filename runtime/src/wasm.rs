@@ -19,6 +19,7 @@ mod engine;
 mod error;
 mod fs;
 mod instance;
+mod interrupt;
 mod linker;
 mod pool;
 mod reaper;
@@ -65,6 +66,9 @@ struct Inner {
     settings: WasmBackendBuilder,
     prepared: tokio::sync::OnceCell<Prepared>,
     pool: Option<WarmPool>,
+    /// Where this guest's sessions are interrupted, found in the first session's instance;
+    /// `None`: they are not, and trap at their deadline (the log said why).
+    interrupt_sites: interrupt::SiteCell,
 }
 
 struct Prepared {
@@ -355,8 +359,14 @@ impl WasmBackend {
             tracing::error!(error = ?e, "pycage: instantiating the guest failed");
             RunError::new(ErrorKind::BackendError, "the sandbox could not start")
         })?;
+        let fresh = fresh
+            .into_session(&limits, inner.interrupt_sites.clone())
+            .map_err(|e| {
+                tracing::error!(error = ?e, "pycage: the guest's run export does not fit");
+                RunError::new(ErrorKind::BackendError, "the sandbox could not start")
+            })?;
         Ok(Box::new(WasmSession {
-            guest: Some(fresh.into_session(&limits)),
+            guest: Some(fresh),
             running: false,
             _inner: inner,
         }))
@@ -431,6 +441,7 @@ impl Inner {
                     )
                 }),
             settings,
+            interrupt_sites: interrupt::SiteCell::default(),
         })
     }
 

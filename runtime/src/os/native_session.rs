@@ -15,9 +15,13 @@
 //!   result arrives (calls between runs are refused), so every run has its own call ceiling;
 //! * keeps each run's stdout and stderr with the run's cap (see [`RunStream`]), never more,
 //!   whatever the guest writes;
-//! * enforces each run's wall deadline: past it, the whole tree (process group, cgroup, pid
-//!   namespace) is killed and the run ends the session, as a guest that dies (memory cap,
-//!   crash, `os._exit`) does;
+//! * enforces each run's wall deadline as a notebook's interrupt: past it, the guest's
+//!   interpreter (the peer that asks for runs, by its socket credentials) gets `SIGINT`, so
+//!   the code raises `KeyboardInterrupt`, the run ends as a timeout and the session lives.
+//!   Code that has not stopped within `INTERRUPT_GRACE` (it swallowed the interrupt, or is
+//!   stuck in C), and a guest whose process is unknown, get the whole tree (process group,
+//!   cgroup, pid namespace) killed, and the run ends the session, as a guest that dies
+//!   (memory cap, crash, `os._exit`) does;
 //! * ends the session at the next run when a run was cancelled (its future dropped): the
 //!   tree is killed as soon as the run's future is dropped, and the next run says so.
 //!
@@ -413,7 +417,32 @@ mod unix {
                     }
                 }
                 Ended::TimedOut => {
+                    if let Some(outcome) = self.interrupt().await {
+                        let (stdout, stderr) = tokio::join!(
+                            self.stdout.finish(OUTPUT_GRACE),
+                            self.stderr.finish(OUTPUT_GRACE)
+                        );
+                        let reported = classify::classify(
+                            Some(outcome),
+                            Exit::Code(0),
+                            Evidence::default(),
+                            Reporter::Guest,
+                            max_value,
+                        );
+                        return Finished {
+                            value: Err(crate::backend::interrupted(reported.err())),
+                            stdout,
+                            stderr,
+                            ended: false,
+                        };
+                    }
+                    let interrupted = self.server.guest_pid().is_some();
                     self.kill().await;
+                    if interrupted {
+                        return self
+                            .finished_dead(Err(crate::backend::interrupt_ignored()))
+                            .await;
+                    }
                     let value = classify::classify(
                         None,
                         Exit::TimedOut,
@@ -452,6 +481,23 @@ mod unix {
                     };
                     self.finished_dead(value).await
                 }
+            }
+        }
+
+        /// Interrupts the guest's interpreter at the run's deadline, as Ctrl-C would
+        /// (`KeyboardInterrupt` in the running code), and waits up to
+        /// [`INTERRUPT_GRACE`](crate::backend::INTERRUPT_GRACE) for the run's outcome; `None`
+        /// if none came (or there was no interpreter to interrupt).
+        async fn interrupt(&mut self) -> Option<protocol::Outcome> {
+            let pid = self.server.guest_pid()?;
+            if !super::super::sys::interrupt_process(pid) {
+                return None;
+            }
+            tokio::select! {
+                biased;
+                outcome = self.server.outcome() => Some(outcome),
+                _ = self.group.child().wait() => None,
+                () = tokio::time::sleep(crate::backend::INTERRUPT_GRACE) => None,
             }
         }
 

@@ -19,7 +19,7 @@
 //! * never panics on peer input: malformed frames get `bad-request` responses, a peer that
 //!   breaks a frame loses its connection, and other connections carry on.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -55,6 +55,9 @@ pub(crate) struct Shared {
     jobs: Option<tokio::sync::Mutex<mpsc::Receiver<String>>>,
     /// Told when a guest asks for its next run (a session's guest is then ready).
     asked: Notify,
+    /// The host's process id of the peer that asked for a session's runs (0: none yet):
+    /// the guest's interpreter, which a run's deadline interrupts.
+    guest_pid: AtomicI32,
 }
 
 /// How many permits a byte budget of twice `cap` is.
@@ -110,6 +113,7 @@ impl Shared {
             arrived: Notify::new(),
             jobs,
             asked: Notify::new(),
+            guest_pid: AtomicI32::new(0),
         })
     }
 
@@ -143,6 +147,11 @@ impl Shared {
 
     /// Waits until a guest asks for its next run.
     #[cfg_attr(not(unix), allow(dead_code))]
+    #[cfg_attr(not(unix), allow(dead_code))]
+    pub(crate) fn guest_pid(&self) -> Option<i32> {
+        Some(self.guest_pid.load(Ordering::SeqCst)).filter(|&pid| pid > 0)
+    }
+
     pub(crate) async fn asked(&self) {
         self.asked.notified().await;
     }
@@ -183,7 +192,8 @@ async fn respond<W: AsyncWrite + Unpin>(writer: &Writer<W>, response: &Response)
 }
 
 /// Serves one peer's connection until it closes, breaks a frame, or presents a wrong token.
-pub(crate) async fn serve_connection<S>(stream: S, shared: Arc<Shared>)
+/// `peer_pid` is the host's process id of the peer, where the transport tells it.
+pub(crate) async fn serve_connection<S>(stream: S, shared: Arc<Shared>, peer_pid: Option<i32>)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -262,6 +272,11 @@ where
             }
             Ok(Request::Next { id }) => {
                 drop(bytes);
+                // The peer presented the token and asks for runs: it is the guest's
+                // interpreter.
+                if let Some(pid) = peer_pid {
+                    shared.guest_pid.store(pid, Ordering::SeqCst);
+                }
                 let shared = shared.clone();
                 let writer = writer.clone();
                 calls.spawn(async move {

@@ -125,6 +125,11 @@ impl SocketServer {
         self.shared.outcome().await
     }
 
+    /// The host's process id of the session's guest interpreter, once it has asked for a run.
+    pub(crate) fn guest_pid(&self) -> Option<i32> {
+        self.shared.guest_pid()
+    }
+
     /// Waits until the guest asks for its next run (a session's guest is then ready).
     pub(crate) async fn asked(&self) {
         self.shared.asked().await;
@@ -148,9 +153,11 @@ async fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
         };
         match listener.accept().await {
             Ok((stream, _)) => {
+                // The kernel translates the peer's id into this host's pid namespace.
+                let pid = stream.peer_cred().ok().and_then(|c| c.pid());
                 let shared = shared.clone();
                 connections.spawn(async move {
-                    serve::serve_connection(stream, shared).await;
+                    serve::serve_connection(stream, shared, pid).await;
                     drop(slot);
                 });
             }

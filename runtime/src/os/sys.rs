@@ -55,6 +55,20 @@ pub(crate) fn create_private_dir(path: &Path) -> std::io::Result<()> {
     return std::fs::create_dir(path);
 }
 
+/// Sends `SIGINT` to the process `pid`, as Ctrl-C would; false if it could not be sent
+/// (gone, or off Unix).
+pub(crate) fn interrupt_process(pid: i32) -> bool {
+    #[cfg(unix)]
+    return rustix::process::Pid::from_raw(pid).is_some_and(|pid| {
+        rustix::process::kill_process(pid, rustix::process::Signal::INT).is_ok()
+    });
+    #[cfg(not(unix))]
+    return {
+        let _ = pid;
+        false
+    };
+}
+
 /// Sends `SIGKILL` to the process `pid`; a process already gone is no error (no-op off
 /// Unix).
 pub(crate) fn kill_process(pid: i32) {

@@ -26,6 +26,20 @@ pub(crate) fn deadline_passed() -> RunError {
     RunError::new(ErrorKind::Timeout, "the wall-clock limit was reached")
 }
 
+/// The end of a session run that was interrupted at its deadline (`super::interrupt`), with
+/// the failure the guest reported, if any. `trapped`: the code did not stop within the grace
+/// period, and the instance (so the session) is gone.
+pub(crate) fn interrupted(
+    failure: Option<Failure>,
+    evidence: &Evidence<'_>,
+    trapped: bool,
+) -> RunError {
+    if trapped {
+        return crate::backend::interrupt_ignored();
+    }
+    crate::backend::interrupted(failure.map(|f| guest_failure(f, evidence)))
+}
+
 /// The end of a guest that did not return normally.
 #[derive(Debug)]
 pub(crate) enum Ending {

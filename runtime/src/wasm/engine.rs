@@ -66,7 +66,10 @@ pub(crate) fn config(meter_fuel: bool, deterministic: bool) -> Config {
         .epoch_interruption(!meter_fuel)
         .max_wasm_stack(MAX_WASM_STACK)
         .async_stack_size(ASYNC_STACK)
-        .wasm_backtrace_details(WasmBacktraceDetails::Disable);
+        .wasm_backtrace_details(WasmBacktraceDetails::Disable)
+        // A session's interrupt writes into the guest's memory by address while the run's
+        // future holds the store, so memories never move (`super::interrupt`).
+        .memory_may_move(false);
     // No `compiler_inlining`: with the guest's libraries linked into one module
     // (`runtime/build/link`), Cranelift could inline across what were library calls, and the
     // compute case ran 15% faster (metered 177-183 -> 151-154 ms, side by side), but the

@@ -16,11 +16,13 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
+use super::bindings::exports::pycage::sandbox::guest::Failure;
 use super::bindings::{Sandbox, SandboxPre};
 use super::classify::{self, Ending, Evidence};
 use super::clock::VirtualClock;
 use super::engine::{FUEL_YIELD_INTERVAL, SlotReset};
 use super::fs::ScratchSlot;
+use super::interrupt;
 use super::reaper::GuestStore;
 use super::state::{GuestLimiter, MAX_RESOURCES, RunState};
 use crate::backend::Job;
@@ -39,7 +41,17 @@ const INSTANTIATE_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) struct Fresh {
     store: GuestStore,
     sandbox: Sandbox,
+    instance: wasmtime::component::Instance,
+    /// A session's way into the guest (see [`Fresh::into_session`]).
+    session: Option<SessionRun>,
     meter_fuel: bool,
+}
+
+/// How a session's runs enter the guest: its `run` export, called with code that arms the
+/// run's interrupt as it is lowered (`interrupt::Code`).
+struct SessionRun {
+    run: wasmtime::component::TypedFunc<(interrupt::Code, String), (Result<String, Failure>,)>,
+    probe: Arc<interrupt::Probe>,
 }
 
 /// What one run produced, before the backend wraps it in a `RunResult`.
@@ -102,6 +114,7 @@ impl Fresh {
             reset,
             scratch: ScratchSlot::None,
             virtual_clock: seed.map(|_| VirtualClock::default()),
+            interruptible: false,
         };
         let mut store = GuestStore::new(Store::new(engine, state));
         store.limiter(|s| &mut s.limiter);
@@ -113,21 +126,36 @@ impl Fresh {
         } else {
             store.set_epoch_deadline(1);
             store.epoch_deadline_callback(|ctx| {
-                if Instant::now() >= ctx.data().deadline {
-                    Ok(UpdateDeadline::Interrupt)
-                } else {
+                let now = Instant::now();
+                let state = ctx.data();
+                if now < state.deadline {
+                    return Ok(UpdateDeadline::Yield(1));
+                }
+                // Past the deadline a one-shot run traps. A session's run is interrupted by
+                // the run's driver (`until`) at its next poll, which this yield gives it, and
+                // traps only if it has not stopped within the grace period.
+                if state.interruptible && now < state.deadline + interrupt::GRACE {
                     Ok(UpdateDeadline::Yield(1))
+                } else {
+                    Ok(UpdateDeadline::Interrupt)
                 }
             });
         }
-        let sandbox = until(instantiated_by, pre.instantiate_async(&mut *store), || {
-            false
-        })
+        let instance = until(
+            instantiated_by,
+            pre.instance_pre().instantiate_async(&mut *store),
+            || false,
+            &mut None,
+            || None,
+        )
         .await
         .map_err(|_| wasmtime::format_err!("instantiating the guest timed out"))??;
+        let sandbox = Sandbox::new(&mut *store, &instance)?;
         Ok(Fresh {
             store,
             sandbox,
+            instance,
+            session: None,
             meter_fuel,
         })
     }
@@ -181,10 +209,38 @@ impl Fresh {
     }
 
     /// Makes this instance a session's guest: its scratch directory, made on first use (or
-    /// by the first run with input files), has `limits`' budgets for the session's life.
-    pub fn into_session(mut self, limits: &crate::Limits) -> Fresh {
-        self.store.data_mut().scratch = ScratchSlot::Lazy(limits.clone());
-        self
+    /// by the first run with input files), has `limits`' budgets for the session's life, and
+    /// a run that passes its deadline is interrupted (where `sites` has the guest's interrupt
+    /// sites) before it is trapped.
+    pub fn into_session(
+        mut self,
+        limits: &crate::Limits,
+        sites: interrupt::SiteCell,
+    ) -> wasmtime::Result<Fresh> {
+        let guest = self
+            .instance
+            .get_export_index(&mut *self.store, None, "pycage:sandbox/guest@0.1.0")
+            .ok_or_else(|| {
+                wasmtime::format_err!("the guest exports no `pycage:sandbox/guest@0.1.0`")
+            })?;
+        let run = self
+            .instance
+            .get_export_index(&mut *self.store, Some(&guest), "run")
+            .ok_or_else(|| wasmtime::format_err!("the guest exports no `run`"))?;
+        let run = self
+            .instance
+            .get_typed_func::<(interrupt::Code, String), (Result<String, Failure>,)>(
+                &mut *self.store,
+                &run,
+            )?;
+        self.session = Some(SessionRun {
+            run,
+            probe: Arc::new(interrupt::Probe::new(sites)),
+        });
+        let state = self.store.data_mut();
+        state.scratch = ScratchSlot::Lazy(limits.clone());
+        state.interruptible = true;
+        Ok(self)
     }
 
     /// Runs one job in this instance, which stays usable unless the outcome says it is
@@ -264,14 +320,32 @@ impl Fresh {
         }
         let request = request.to_string();
 
-        let outcome = match fuel_set {
-            Err(e) => Ok(Err(e)),
-            Ok(()) => {
+        let mut interrupt = None;
+        let outcome = match (fuel_set, &self.session) {
+            (Err(e), _) => Ok(Err(e)),
+            (Ok(()), None) => {
                 let run =
                     sandbox
                         .pycage_sandbox_guest()
                         .call_run(&mut **store, &job.code, &request);
-                until(deadline, run, || gate.halted()).await
+                until(deadline, run, || gate.halted(), &mut interrupt, || None).await
+            }
+            (Ok(()), Some(session)) => {
+                let code = interrupt::Code {
+                    text: std::mem::take(&mut job.code),
+                    probe: session.probe.clone(),
+                };
+                let probe = &session.probe;
+                let run = async {
+                    session
+                        .run
+                        .call_async(&mut **store, (code, request))
+                        .await
+                        .map(|(r,)| r)
+                };
+                // The interrupt is armed once the code is lowered, before the guest runs.
+                let armed = || probe.take().map(Interrupt::new);
+                until(deadline, run, || gate.halted(), &mut interrupt, armed).await
             }
         };
 
@@ -286,7 +360,15 @@ impl Fresh {
         // A trap, an exit or a run cut at its deadline leaves the instance unusable: the
         // engine unwound it mid-call.
         let poisoned = !matches!(outcome, Ok(Ok(_)));
+        let interrupted = interrupt.as_ref().is_some_and(|i| i.sent.is_some());
         let value = match outcome {
+            _ if interrupted => {
+                let failure = match &outcome {
+                    Ok(Ok(Err(failure))) => Some(failure.clone()),
+                    _ => None,
+                };
+                Err(classify::interrupted(failure, &evidence, poisoned))
+            }
             Err(Stopped::Halted) => Err(RunError::new(
                 ErrorKind::Suspended,
                 "the run stopped at a tool call",
@@ -311,6 +393,14 @@ impl Fresh {
             .get()
             .map(|s| s.produced(limits.max_returned_bytes()))
             .unwrap_or_default();
+        if interrupted
+            && !poisoned
+            && let Some(interrupt) = &mut interrupt
+        {
+            // The code may have returned before it handled the interrupt.
+            interrupt.armed.clear();
+        }
+        let state = store.data();
         let outcome = Outcome {
             value,
             stdout: state.stdout.captured(),
@@ -337,13 +427,34 @@ enum Stopped {
     Halted,
 }
 
+/// A session run's interrupt, as its driver sends it.
+struct Interrupt {
+    armed: interrupt::Armed,
+    /// When it was sent, if it was.
+    sent: Option<Instant>,
+}
+
+impl Interrupt {
+    fn new(armed: interrupt::Armed) -> Interrupt {
+        Interrupt { armed, sent: None }
+    }
+}
+
 /// Drives `run` (a run, or an instantiation) until it completes or `deadline` passes.
 ///
-/// A metered guest that computes yields every [`FUEL_YIELD_INTERVAL`] of fuel, which polls
-/// this future again: the clock is read at each poll, so the deadline holds to within one
-/// interval without depending on when the runtime's timer driver next runs. The timer covers
-/// a guest waiting in a host call (a sleep, a slow tool), where no check in its code runs. An
-/// unmetered guest that computes is stopped by its epoch check instead, which traps.
+/// A metered guest that computes yields every [`FUEL_YIELD_INTERVAL`] of fuel, and an
+/// unmetered one at every epoch tick past its deadline, which polls this future again: the
+/// clock is read at each poll, so the deadline holds to within one interval without depending
+/// on when the runtime's timer driver next runs. The timer covers a guest waiting in a host
+/// call (a sleep, a slow tool), where no check in its code runs. An unmetered guest that
+/// computes past its deadline (and, in a session, its grace period) is stopped by its epoch
+/// check instead, which traps.
+///
+/// A session's run may be interrupted: `armed` gives its interrupt once the run has armed it
+/// (as its code is lowered, in the first poll), kept in `interrupt`. Then the deadline
+/// interrupts the code (see `super::interrupt`) between two polls, while the guest is
+/// suspended, and the run is stopped only [`interrupt::GRACE`] later if it has not returned
+/// by then. `interrupt` says afterwards whether, and when, it was sent.
 ///
 /// `halted` is asked after each poll: a gate that halted the run at a call leaves the guest
 /// parked in it, and the run stops there.
@@ -351,8 +462,11 @@ async fn until<F: Future>(
     deadline: Instant,
     run: F,
     halted: impl Fn() -> bool,
+    interrupt: &mut Option<Interrupt>,
+    mut armed: impl FnMut() -> Option<Interrupt>,
 ) -> Result<F::Output, Stopped> {
     let mut run = pin!(run);
+    let mut stop_at = deadline;
     let mut timer = pin!(tokio::time::sleep_until(deadline.into()));
     poll_fn(|cx| {
         if let Poll::Ready(out) = run.as_mut().poll(cx) {
@@ -361,7 +475,24 @@ async fn until<F: Future>(
         if halted() {
             return Poll::Ready(Err(Stopped::Halted));
         }
-        if Instant::now() >= deadline || timer.as_mut().poll(cx).is_ready() {
+        if interrupt.is_none() {
+            *interrupt = armed();
+        }
+        let now = Instant::now();
+        if now >= deadline
+            && let Some(interrupt) = interrupt.as_mut()
+        {
+            match interrupt.sent {
+                None => {
+                    interrupt.armed.raise();
+                    interrupt.sent = Some(now);
+                    stop_at = now + interrupt::GRACE;
+                    timer.as_mut().reset(stop_at.into());
+                }
+                Some(_) => interrupt.armed.remind(),
+            }
+        }
+        if now >= stop_at || timer.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Err(Stopped::DeadlinePassed));
         }
         Poll::Pending

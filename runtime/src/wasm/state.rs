@@ -43,6 +43,9 @@ pub(crate) struct RunState {
     /// In deterministic mode, the time both of the guest's clocks read (see `super::clock`);
     /// `None`: the host's clocks.
     pub virtual_clock: Option<VirtualClock>,
+    /// A session's run is interrupted at its deadline and given a grace period before it is
+    /// trapped (see `super::interrupt`); a one-shot run is trapped at once.
+    pub interruptible: bool,
 }
 
 impl RunState {

@@ -159,7 +159,7 @@ async fn accept_loop(mut listening: Listening, instances: Instances, shared: Arc
                 let Listening { server, slot } = listening;
                 let shared = shared.clone();
                 connections.spawn(async move {
-                    serve::serve_connection(server, shared).await;
+                    serve::serve_connection(server, shared, None).await;
                     drop(slot);
                 });
             }
