@@ -235,12 +235,40 @@ async fn code_that_swallows_the_interrupt_ends_the_session() {
 }
 
 #[tokio::test]
-async fn a_run_still_waiting_in_a_host_call_after_the_grace_period_ends_the_session() {
-    // No epoch check runs while the guest waits in the host, so nothing can interrupt it.
+async fn a_long_sleep_is_cut_at_the_deadline_and_interrupted() {
     let limits = common::wall(Duration::from_millis(300));
     let session = runner(ToolPolicy::new(), limits).session().await.unwrap();
     assert!(session.run("x = 1").await.ok);
+    let started = std::time::Instant::now();
     let r = session.run("import time\ntime.sleep(30)").await;
+    assert!(started.elapsed() < Duration::from_secs(10), "{r:#?}");
+    assert_kind(&r, ErrorKind::Timeout);
+    assert!(!r.session_ended, "{r:#?}");
+    let exception = r.error.as_ref().and_then(|e| e.exception.as_deref());
+    assert_eq!(exception, Some("KeyboardInterrupt"), "{r:#?}");
+    let asyncio = session
+        .run("import asyncio\nawait asyncio.gather(*(asyncio.sleep(30) for _ in range(10)))")
+        .await;
+    assert_kind(&asyncio, ErrorKind::Timeout);
+    assert!(!asyncio.session_ended, "{asyncio:#?}");
+    assert_eq!(session.run("return x").await.value, json!(1));
+}
+
+#[tokio::test]
+async fn a_run_still_waiting_in_a_tool_call_after_the_grace_period_ends_the_session() {
+    // The guest waits in the host, where no interrupt reaches it, until the call returns.
+    let gate = Gate::default();
+    let mut tools = ToolRegistry::with_builtins();
+    gate.register(&mut tools);
+    let runner = Runner::builder()
+        .tools(tools)
+        .policy(ToolPolicy::new().namespace("gate"))
+        .limits(common::wall(Duration::from_millis(300)))
+        .build()
+        .unwrap();
+    let session = runner.session().await.unwrap();
+    assert!(session.run("x = 1").await.ok);
+    let r = session.run("return await wait()").await;
     assert_kind(&r, ErrorKind::Timeout);
     assert!(r.timed_out && r.session_ended, "{r:#?}");
     assert_kind(&session.run("return x").await, ErrorKind::SessionEnded);

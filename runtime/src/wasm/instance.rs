@@ -114,7 +114,7 @@ impl Fresh {
             reset,
             scratch: ScratchSlot::None,
             virtual_clock: seed.map(|_| VirtualClock::default()),
-            interruptible: false,
+            interrupt: None,
         };
         let mut store = GuestStore::new(Store::new(engine, state));
         store.limiter(|s| &mut s.limiter);
@@ -134,7 +134,7 @@ impl Fresh {
                 // Past the deadline a one-shot run traps. A session's run is interrupted by
                 // the run's driver (`until`) at its next poll, which this yield gives it, and
                 // traps only if it has not stopped within the grace period.
-                if state.interruptible && now < state.deadline + interrupt::GRACE {
+                if state.interrupt.is_some() && now < state.deadline + interrupt::GRACE {
                     Ok(UpdateDeadline::Yield(1))
                 } else {
                     Ok(UpdateDeadline::Interrupt)
@@ -145,8 +145,7 @@ impl Fresh {
             instantiated_by,
             pre.instance_pre().instantiate_async(&mut *store),
             || false,
-            &mut None,
-            || None,
+            None,
         )
         .await
         .map_err(|_| wasmtime::format_err!("instantiating the guest timed out"))??;
@@ -233,13 +232,14 @@ impl Fresh {
                 &mut *self.store,
                 &run,
             )?;
+        let probe = Arc::new(interrupt::Probe::new(sites));
         self.session = Some(SessionRun {
             run,
-            probe: Arc::new(interrupt::Probe::new(sites)),
+            probe: probe.clone(),
         });
         let state = self.store.data_mut();
         state.scratch = ScratchSlot::Lazy(limits.clone());
-        state.interruptible = true;
+        state.interrupt = Some(probe);
         Ok(self)
     }
 
@@ -320,7 +320,7 @@ impl Fresh {
         }
         let request = request.to_string();
 
-        let mut interrupt = None;
+        let probe = self.session.as_ref().map(|s| s.probe.clone());
         let outcome = match (fuel_set, &self.session) {
             (Err(e), _) => Ok(Err(e)),
             (Ok(()), None) => {
@@ -328,14 +328,13 @@ impl Fresh {
                     sandbox
                         .pycage_sandbox_guest()
                         .call_run(&mut **store, &job.code, &request);
-                until(deadline, run, || gate.halted(), &mut interrupt, || None).await
+                until(deadline, run, || gate.halted(), None).await
             }
             (Ok(()), Some(session)) => {
                 let code = interrupt::Code {
                     text: std::mem::take(&mut job.code),
                     probe: session.probe.clone(),
                 };
-                let probe = &session.probe;
                 let run = async {
                     session
                         .run
@@ -343,9 +342,7 @@ impl Fresh {
                         .await
                         .map(|(r,)| r)
                 };
-                // The interrupt is armed once the code is lowered, before the guest runs.
-                let armed = || probe.take().map(Interrupt::new);
-                until(deadline, run, || gate.halted(), &mut interrupt, armed).await
+                until(deadline, run, || gate.halted(), Some(&session.probe)).await
             }
         };
 
@@ -360,7 +357,7 @@ impl Fresh {
         // A trap, an exit or a run cut at its deadline leaves the instance unusable: the
         // engine unwound it mid-call.
         let poisoned = !matches!(outcome, Ok(Ok(_)));
-        let interrupted = interrupt.as_ref().is_some_and(|i| i.sent.is_some());
+        let interrupted = probe.as_ref().is_some_and(|p| p.sent());
         let value = match outcome {
             _ if interrupted => {
                 let failure = match &outcome {
@@ -393,12 +390,9 @@ impl Fresh {
             .get()
             .map(|s| s.produced(limits.max_returned_bytes()))
             .unwrap_or_default();
-        if interrupted
-            && !poisoned
-            && let Some(interrupt) = &mut interrupt
-        {
+        if !poisoned && let Some(probe) = &probe {
             // The code may have returned before it handled the interrupt.
-            interrupt.armed.clear();
+            probe.finish();
         }
         let state = store.data();
         let outcome = Outcome {
@@ -427,19 +421,6 @@ enum Stopped {
     Halted,
 }
 
-/// A session run's interrupt, as its driver sends it.
-struct Interrupt {
-    armed: interrupt::Armed,
-    /// When it was sent, if it was.
-    sent: Option<Instant>,
-}
-
-impl Interrupt {
-    fn new(armed: interrupt::Armed) -> Interrupt {
-        Interrupt { armed, sent: None }
-    }
-}
-
 /// Drives `run` (a run, or an instantiation) until it completes or `deadline` passes.
 ///
 /// A metered guest that computes yields every [`FUEL_YIELD_INTERVAL`] of fuel, and an
@@ -450,11 +431,11 @@ impl Interrupt {
 /// computes past its deadline (and, in a session, its grace period) is stopped by its epoch
 /// check instead, which traps.
 ///
-/// A session's run may be interrupted: `armed` gives its interrupt once the run has armed it
-/// (as its code is lowered, in the first poll), kept in `interrupt`. Then the deadline
-/// interrupts the code (see `super::interrupt`) between two polls, while the guest is
-/// suspended, and the run is stopped only [`interrupt::GRACE`] later if it has not returned
-/// by then. `interrupt` says afterwards whether, and when, it was sent.
+/// A session's run may be interrupted (`interrupt`, which the run arms as its code is
+/// lowered): then the deadline interrupts the code (see `super::interrupt`) between two
+/// polls, while the guest is suspended, unless a wait the deadline cut short did first, and
+/// the run is stopped only [`interrupt::GRACE`] after the interrupt if it has not returned by
+/// then.
 ///
 /// `halted` is asked after each poll: a gate that halted the run at a call leaves the guest
 /// parked in it, and the run stops there.
@@ -462,8 +443,7 @@ async fn until<F: Future>(
     deadline: Instant,
     run: F,
     halted: impl Fn() -> bool,
-    interrupt: &mut Option<Interrupt>,
-    mut armed: impl FnMut() -> Option<Interrupt>,
+    interrupt: Option<&interrupt::Probe>,
 ) -> Result<F::Output, Stopped> {
     let mut run = pin!(run);
     let mut stop_at = deadline;
@@ -475,21 +455,16 @@ async fn until<F: Future>(
         if halted() {
             return Poll::Ready(Err(Stopped::Halted));
         }
-        if interrupt.is_none() {
-            *interrupt = armed();
-        }
         let now = Instant::now();
         if now >= deadline
-            && let Some(interrupt) = interrupt.as_mut()
+            && let Some(interrupt) = interrupt
+            && let Some(sent) = interrupt.raise(now)
         {
-            match interrupt.sent {
-                None => {
-                    interrupt.armed.raise();
-                    interrupt.sent = Some(now);
-                    stop_at = now + interrupt::GRACE;
-                    timer.as_mut().reset(stop_at.into());
-                }
-                Some(_) => interrupt.armed.remind(),
+            interrupt.remind();
+            let grace_ends = sent + interrupt::GRACE;
+            if stop_at != grace_ends {
+                stop_at = grace_ends;
+                timer.as_mut().reset(stop_at.into());
             }
         }
         if now >= stop_at || timer.as_mut().poll(cx).is_ready() {

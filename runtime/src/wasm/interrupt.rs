@@ -43,7 +43,7 @@
 
 use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use wasmtime::component::__internal::{
     CanonicalAbiInfo, InstanceType, InterfaceType, LowerContext,
@@ -197,23 +197,80 @@ pub(crate) struct Code {
     pub probe: Arc<Probe>,
 }
 
-/// What lowering a session run's code found: the run's interrupt, armed.
+/// A session's interrupt: armed by each run as its code is lowered, sent at the run's
+/// deadline by whichever comes first, the run's driver (between two polls) or a wait that the
+/// deadline cut short (in the host call, see `super::linker`).
 pub(crate) struct Probe {
     sites: SiteCell,
-    armed: Mutex<Option<Armed>>,
+    run: Mutex<RunInterrupt>,
+}
+
+/// The interrupt of the session's current run.
+#[derive(Default)]
+struct RunInterrupt {
+    armed: Option<Armed>,
+    /// When it was sent, if it was.
+    sent: Option<Instant>,
 }
 
 impl Probe {
     pub(crate) fn new(sites: SiteCell) -> Probe {
         Probe {
             sites,
-            armed: Mutex::new(None),
+            run: Mutex::new(RunInterrupt::default()),
         }
     }
 
-    /// The interrupt the last lowering armed, taken.
-    pub(crate) fn take(&self) -> Option<Armed> {
-        self.armed.lock().ok()?.take()
+    fn run(&self) -> std::sync::MutexGuard<'_, RunInterrupt> {
+        // A panic while holding the lock leaves nothing half-written that matters here.
+        self.run
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sends the run's interrupt, once, if the run armed it; returns when it was sent.
+    ///
+    /// Called only while the guest is suspended: between two polls of the run's future, on
+    /// the thread that polls it, or in a host call the guest made. Its code runs only inside
+    /// a poll, outside host calls, so nothing else reads or writes its memory now, and
+    /// wasmtime keeps no Rust reference to a linear memory's bytes across a suspension or
+    /// during an async host call (host calls get owned copies of their arguments).
+    pub(crate) fn raise(&self, now: Instant) -> Option<Instant> {
+        let mut run = self.run();
+        if run.sent.is_none()
+            && let Some(armed) = &mut run.armed
+        {
+            armed.raise();
+            run.sent = Some(now);
+        }
+        run.sent
+    }
+
+    /// Sets the eval breaker's signals bit again while the signal is still unhandled: code
+    /// that read the breaker before it was raised and wrote it back after would have cleared
+    /// it. Called as [`raise`](Self::raise) is.
+    pub(crate) fn remind(&self) {
+        if let Some(armed) = &mut self.run().armed {
+            armed.remind();
+        }
+    }
+
+    /// Whether the current run was interrupted.
+    pub(crate) fn sent(&self) -> bool {
+        self.run().sent.is_some()
+    }
+
+    /// Ends the current run: takes back an interrupt the code did not handle (it returned
+    /// first), so that the next run does not start interrupted. Called after the run's future
+    /// finished, with the instance still usable.
+    pub(crate) fn finish(&self) {
+        let mut run = self.run();
+        if run.sent.take().is_some()
+            && let Some(armed) = &mut run.armed
+        {
+            armed.clear();
+        }
+        run.armed = None;
     }
 
     fn note(&self, memory: &mut [u8]) {
@@ -227,13 +284,13 @@ impl Probe {
                 })
                 .ok()
         });
-        if let (Some(sites), Ok(mut armed)) = (sites, self.armed.lock()) {
-            *armed = Some(Armed {
-                base: memory.as_mut_ptr(),
-                len: memory.len(),
-                sites,
-            });
-        }
+        let mut run = self.run();
+        run.sent = None;
+        run.armed = sites.map(|sites| Armed {
+            base: memory.as_mut_ptr(),
+            len: memory.len(),
+            sites,
+        });
     }
 }
 
@@ -285,37 +342,27 @@ pub(crate) struct Armed {
     sites: Sites,
 }
 
-// SAFETY: `Armed` is an address in a guest memory, usable from any thread; it is used only by
-// the driver of the run whose store owns that memory, between polls (see `raise`).
+// SAFETY: `Armed` is an address in a guest memory, usable from any thread; it is used only
+// while that guest is suspended (see `Probe::raise`).
 unsafe impl Send for Armed {}
 
 impl Armed {
-    /// Raises SIGINT in the guest, as CPython's signal handler would have.
-    ///
-    /// Called only between two polls of the run's future, on the thread that polls it: the
-    /// guest's code runs only inside a poll, so it is suspended (at a fuel or epoch yield, or
-    /// in a host call), and nothing else reads or writes its memory now. Wasmtime keeps no
-    /// Rust reference to a linear memory's bytes across a suspension (host calls get owned
-    /// copies of their arguments).
-    pub(crate) fn raise(&mut self) {
+    /// Raises SIGINT in the guest, as CPython's signal handler would have. Called only as
+    /// [`Probe::raise`] says.
+    fn raise(&mut self) {
         let s = self.sites;
         self.write(s.sigint_tripped, 1);
         self.write(s.is_tripped, 1);
         self.breaker();
     }
 
-    /// Sets the eval breaker's signals bit again while the signal is still unhandled: code
-    /// that read the breaker before [`raise`](Self::raise) and wrote it back after would have
-    /// cleared it. Called as `raise` is.
-    pub(crate) fn remind(&mut self) {
+    fn remind(&mut self) {
         if self.read(self.sites.sigint_tripped) == Some(1) {
             self.breaker();
         }
     }
 
-    /// Takes back an interrupt the code did not handle (it returned first), so that the next
-    /// run does not start interrupted. Called after the run's future finished.
-    pub(crate) fn clear(&mut self) {
+    fn clear(&mut self) {
         let s = self.sites;
         self.write(s.sigint_tripped, 0);
         self.write(s.is_tripped, 0);
@@ -334,7 +381,7 @@ impl Armed {
     fn read(&self, at: usize) -> Option<u32> {
         (at.checked_add(4)? <= self.len).then(|| {
             // SAFETY: in bounds (checked above) of a live memory nothing else touches now (see
-            // `raise` and the type's documentation).
+            // `Probe::raise` and the type's documentation).
             u32::from_le(unsafe { self.base.add(at).cast::<u32>().read_unaligned() })
         })
     }

@@ -22,10 +22,13 @@ use wasmtime_wasi::cli::{WasiCli, WasiCliView};
 use wasmtime_wasi::p2::bindings as wasi;
 use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
 use wasmtime_wasi::{ResourceTable, WasiView};
+use wasmtime_wasi_io::bindings::wasi::io::poll::{Host as PollHost, HostPollable};
+use wasmtime_wasi_io::poll::DynPollable;
 
 use super::bindings::pycage::sandbox::host;
 use super::clock::GuestClocks;
 use super::fs::ScratchFs;
+use super::interrupt::Probe;
 use super::state::RunState;
 use crate::broker::CallError;
 
@@ -74,6 +77,66 @@ struct Io;
 
 impl HasData for Io {
     type Data<'a> = &'a mut ResourceTable;
+}
+
+/// `wasi:io/poll` as wasmtime-wasi has it, except that in a session a wait still going at the
+/// run's deadline ends then: the host sends the run's interrupt (`super::interrupt`) and the
+/// guest goes back to its code, which raises `KeyboardInterrupt` at its next bytecode, instead
+/// of sleeping through its grace period in the host. To the guest the wait ended early
+/// (`time.sleep` returns, a selector wakes with nothing ready).
+struct Waits;
+
+impl HasData for Waits {
+    type Data<'a> = WaitView<'a>;
+}
+
+struct WaitView<'a> {
+    table: &'a mut ResourceTable,
+    /// A session run's deadline, and its interrupt; `None` in a one-shot run.
+    cut: Option<(std::time::Instant, &'a Probe)>,
+}
+
+impl WaitView<'_> {
+    /// `wait`, or, if the run's deadline comes first, the run's interrupt sent and `cut`.
+    async fn cut<T>(
+        cut: Option<(std::time::Instant, &Probe)>,
+        wait: impl Future<Output = wasmtime::Result<T>>,
+        early: T,
+    ) -> wasmtime::Result<T> {
+        let Some((at, probe)) = cut else {
+            return wait.await;
+        };
+        tokio::select! {
+            biased;
+            done = wait => done,
+            () = tokio::time::sleep_until(at.into()) => {
+                // The guest waits here, suspended: the interrupt reaches its next bytecode.
+                probe.raise(std::time::Instant::now());
+                Ok(early)
+            }
+        }
+    }
+}
+
+impl PollHost for WaitView<'_> {
+    async fn poll(&mut self, pollables: Vec<Resource<DynPollable>>) -> wasmtime::Result<Vec<u32>> {
+        let cut = self.cut.filter(|_| !pollables.is_empty());
+        Self::cut(cut, PollHost::poll(self.table, pollables), vec![0]).await
+    }
+}
+
+impl HostPollable for WaitView<'_> {
+    async fn block(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<()> {
+        Self::cut(self.cut, HostPollable::block(self.table, pollable), ()).await
+    }
+
+    async fn ready(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<bool> {
+        HostPollable::ready(self.table, pollable).await
+    }
+
+    fn drop(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<()> {
+        HostPollable::drop(self.table, pollable)
+    }
 }
 
 /// The interface name without its `@version`.
@@ -145,7 +208,10 @@ pub(crate) fn build(engine: &Engine, component: &Component) -> wasmtime::Result<
 fn link_granted_wasi(l: &mut Linker<RunState>) -> wasmtime::Result<()> {
     use wasmtime_wasi_io::bindings::wasi::io;
     io::error::add_to_linker::<RunState, Io>(l, |t| t.ctx().table)?;
-    io::poll::add_to_linker::<RunState, Io>(l, |t| t.ctx().table)?;
+    io::poll::add_to_linker::<RunState, Waits>(l, |t| WaitView {
+        cut: t.interrupt.as_deref().map(|probe| (t.deadline, probe)),
+        table: &mut t.table,
+    })?;
     io::streams::add_to_linker::<RunState, Io>(l, |t| t.ctx().table)?;
     wasi::clocks::wall_clock::add_to_linker::<RunState, GuestClocks>(l, RunState::guest_clocks)?;
     wasi::clocks::monotonic_clock::add_to_linker::<RunState, GuestClocks>(

@@ -12,6 +12,7 @@ use wasmtime_wasi::filesystem::WasiFilesystemCtxView;
 use super::clock::VirtualClock;
 use super::engine::SlotReset;
 use super::fs::{ScratchSlot, ScratchView};
+use super::interrupt::Probe;
 use crate::broker::ToolGate;
 use crate::capture::CapturePipe;
 
@@ -43,9 +44,9 @@ pub(crate) struct RunState {
     /// In deterministic mode, the time both of the guest's clocks read (see `super::clock`);
     /// `None`: the host's clocks.
     pub virtual_clock: Option<VirtualClock>,
-    /// A session's run is interrupted at its deadline and given a grace period before it is
-    /// trapped (see `super::interrupt`); a one-shot run is trapped at once.
-    pub interruptible: bool,
+    /// A session's interrupt: its run is interrupted at its deadline and given a grace period
+    /// before it is trapped (see `super::interrupt`). `None`: a one-shot run, trapped at once.
+    pub interrupt: Option<Arc<Probe>>,
 }
 
 impl RunState {
