@@ -1,7 +1,8 @@
 //! Sessions on the bubblewrap backend: one sandboxed native guest process serving run after
 //! run. State persists, sessions stay apart, each run has its own limits and output, a run
-//! that passes its deadline or loses its guest ends the session, and a dropped session
-//! leaves no process or directory behind. Skips (failing in CI) where bubblewrap cannot run.
+//! that passes its deadline is interrupted and keeps the session unless it does not stop, a
+//! run that loses its guest ends the session, and a dropped session leaves no process or
+//! directory behind. Skips (failing in CI) where bubblewrap cannot run.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -136,9 +136,11 @@ fn files(out: &mut String, facts: &Facts<'_>) {
                 "- The calls share one session: global variables, functions, imports and the \
                  files in the working directory persist from one call to the next, until the \
                  session ends. {inputs} add to what is there. An exception, a `MemoryError` \
-                 or a refused tool call leaves the session as it was; a call stopped by its \
-                 wall time or fuel ends the session, and every later call says \
-                 `session_ended` (start again, passing what the code needs)."
+                 or a refused tool call leaves the session as it was. A call that passes its \
+                 wall time is interrupted with `KeyboardInterrupt`, as in a notebook, and the \
+                 session keeps what the code did so far; code that does not stop within half a \
+                 second of it, or that runs out of fuel, ends the session, and every later \
+                 call says `session_ended` (start again, passing what the code needs)."
             );
         }
         Persistence::OnRequest => {
@@ -150,8 +152,11 @@ fn files(out: &mut String, facts: &Facts<'_>) {
                  functions, imports and the files in the working directory persist until the \
                  session ends, expires or is closed (`close_session`). {inputs} add to what is \
                  there. An exception, a `MemoryError` or a refused tool call leaves the \
-                 session as it was; a call stopped by its wall time or fuel ends the session, \
-                 and later calls with its id say `session_ended`."
+                 session as it was. A call that passes its wall time is interrupted with \
+                 `KeyboardInterrupt`, as in a notebook, and the session keeps what the code \
+                 did so far; code that does not stop within half a second of it, or that runs \
+                 out of fuel, ends the session, and later calls with its id say \
+                 `session_ended`."
             );
         }
     }
