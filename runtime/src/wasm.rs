@@ -36,7 +36,7 @@ pub use self::cache::{ArtifactSource, ENV_CACHE_DIR, default_cache_dir};
 pub use self::error::WasmError;
 pub use self::linker::CapabilityDenied;
 
-use self::bindings::SandboxPre;
+use self::bindings::{SandboxIndices, SandboxPre};
 use self::engine::SlotReset;
 use self::instance::Fresh;
 use self::pool::WarmPool;
@@ -73,6 +73,8 @@ struct Inner {
 
 struct Prepared {
     pre: SandboxPre<RunState>,
+    /// Where the guest's exports are, looked up once (a session calls `run` itself).
+    indices: SandboxIndices,
     source: ArtifactSource,
 }
 
@@ -500,12 +502,29 @@ impl Inner {
         let reaped = reaper::reaped();
         let meter_fuel = self.settings.meter_fuel || self.settings.seed.is_some();
         let seed = self.settings.seed;
-        match Fresh::new(&self.engine, &prepared.pre, meter_fuel, self.reset, seed).await {
+        match Fresh::new(
+            &self.engine,
+            &prepared.pre,
+            &prepared.indices,
+            meter_fuel,
+            self.reset,
+            seed,
+        )
+        .await
+        {
             // Used instances give their slots back on the reaper thread: when every slot is
             // taken, some may be waiting there, or have just come free.
             Err(_) if reaper::pending() || reaper::reaped() != reaped => {
                 reaper::drained().await;
-                Fresh::new(&self.engine, &prepared.pre, meter_fuel, self.reset, seed).await
+                Fresh::new(
+                    &self.engine,
+                    &prepared.pre,
+                    &prepared.indices,
+                    meter_fuel,
+                    self.reset,
+                    seed,
+                )
+                .await
             }
             result => result,
         }
@@ -539,7 +558,13 @@ fn prepare_blocking(inner: &Inner) -> Result<Prepared, WasmError> {
     let pre = SandboxPre::new(pre)
         .map_err(|e| WasmError::Link(format!("the guest does not fit the contract: {e}")))?;
     tracing::debug!(?source, ?loaded, total = ?started.elapsed(), "pycage: guest prepared");
-    Ok(Prepared { pre, source })
+    let indices = SandboxIndices::new(pre.instance_pre())
+        .map_err(|e| WasmError::Link(format!("the guest does not fit the contract: {e}")))?;
+    Ok(Prepared {
+        pre,
+        indices,
+        source,
+    })
 }
 
 impl Backend for WasmBackend {

@@ -17,7 +17,7 @@ use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
 use super::bindings::exports::pycage::sandbox::guest::Failure;
-use super::bindings::{Sandbox, SandboxPre};
+use super::bindings::{Sandbox, SandboxIndices, SandboxPre};
 use super::classify::{self, Ending, Evidence};
 use super::clock::VirtualClock;
 use super::engine::{FUEL_YIELD_INTERVAL, SlotReset};
@@ -68,12 +68,13 @@ pub(crate) struct Outcome {
 impl Fresh {
     /// Instantiates a guest in a new store. Deny by construction: no args, no environment, no
     /// preopened directories, stdin closed, stdout and stderr captured. `reset` is how
-    /// `engine` resets its slots. With a `seed` the instance is deterministic: its clocks are
-    /// virtual (see `super::clock`) and its random bytes, secure and insecure, come from
-    /// ChaCha20 streams keyed by the seed.
+    /// `engine` resets its slots; `indices` are `pre`'s exports. With a `seed` the instance is
+    /// deterministic: its clocks are virtual (see `super::clock`) and its random bytes,
+    /// secure and insecure, come from ChaCha20 streams keyed by the seed.
     pub async fn new(
         engine: &Engine,
         pre: &SandboxPre<RunState>,
+        indices: &SandboxIndices,
         meter_fuel: bool,
         reset: SlotReset,
         seed: Option<u64>,
@@ -149,7 +150,7 @@ impl Fresh {
         )
         .await
         .map_err(|_| wasmtime::format_err!("instantiating the guest timed out"))??;
-        let sandbox = Sandbox::new(&mut *store, &instance)?;
+        let sandbox = indices.load(&mut *store, &instance)?;
         Ok(Fresh {
             store,
             sandbox,
