@@ -206,31 +206,7 @@ async fn a_timeout_interrupts_the_code_and_the_session_keeps_its_state() {
     let Some(session) = session(wall(Duration::from_millis(500))).await else {
         return;
     };
-    assert!(session.run("import json\nx = 1").await.ok);
-    let code =
-        "def spin():\n    global x\n    while True:\n        x += 1\nnote = 'before'\nspin()";
-    let started = Instant::now();
-    let r = session.run(code).await;
-    assert!(started.elapsed() < Duration::from_secs(5), "{r:#?}");
-    assert_kind(&r, ErrorKind::Timeout);
-    assert!(r.timed_out && !r.session_ended, "{r:#?}");
-    let error = r.error.as_ref().unwrap();
-    assert_eq!(
-        error.exception.as_deref(),
-        Some("KeyboardInterrupt"),
-        "{r:#?}"
-    );
-    let tb = error.traceback.as_deref().unwrap_or_default();
-    assert!(
-        tb.contains("in spin"),
-        "the traceback shows where the code was: {tb}"
-    );
-    let after = session.run("return [x > 1, note, json.dumps([1])]").await;
-    assert_eq!(after.value, json!([true, "before", "[1]"]), "{after:#?}");
-    let again = session.run("while True:\n    pass").await;
-    assert_kind(&again, ErrorKind::Timeout);
-    assert!(!again.session_ended, "{again:#?}");
-    assert_eq!(session.run("return note").await.value, json!("before"));
+    common::a_timeout_interrupts_the_code_and_the_session_keeps_its_state(&session).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,6 +22,20 @@ fn math() -> Runner {
     runner(ToolPolicy::new().namespace("math"), Limits::default())
 }
 
+/// A runner with `limits` whose code may call `gate.wait`, and its gate.
+fn gated(limits: Limits) -> (Runner, Gate) {
+    let gate = Gate::default();
+    let mut tools = ToolRegistry::with_builtins();
+    gate.register(&mut tools);
+    let runner = Runner::builder()
+        .tools(tools)
+        .policy(ToolPolicy::new().namespace("gate"))
+        .limits(limits)
+        .build()
+        .unwrap();
+    (runner, gate)
+}
+
 fn paths(r: &pycage::RunResult) -> Vec<&str> {
     r.files.iter().map(|f| f.path.as_str()).collect()
 }
@@ -175,37 +189,7 @@ async fn a_stack_overflow_trap_ends_the_session() {
 async fn a_timeout_in_a_session_interrupts_the_code_and_the_session_keeps_its_state() {
     let limits = common::wall(Duration::from_millis(300));
     let session = runner(ToolPolicy::new(), limits).session().await.unwrap();
-    assert!(session.run("import json\nx = 1").await.ok);
-    let code =
-        "def spin():\n    global x\n    while True:\n        x += 1\nnote = 'before'\nspin()";
-    let r = session.run(code).await;
-    assert_kind(&r, ErrorKind::Timeout);
-    assert!(r.timed_out && !r.session_ended, "{r:#?}");
-    let error = r.error.as_ref().unwrap();
-    assert_eq!(
-        error.exception.as_deref(),
-        Some("KeyboardInterrupt"),
-        "{r:#?}"
-    );
-    assert!(error.message.contains("keeps its state"), "{r:#?}");
-    let tb = error.traceback.as_deref().unwrap_or_default();
-    assert!(
-        tb.contains("in spin"),
-        "the traceback shows where the code was: {tb}"
-    );
-    // What the interrupted run did stays, and so does what came before it.
-    let after = session.run("return [x > 1, note, json.dumps([1])]").await;
-    assert_eq!(after.value, json!([true, "before", "[1]"]), "{after:#?}");
-    // The interrupt was taken back: a loop in the next run is not cut short.
-    let next = session
-        .run("n = 0\nfor i in range(200_000):\n    n += 1\nreturn n")
-        .await;
-    assert_eq!(next.value, json!(200_000), "{next:#?}");
-    // And a second timeout is interrupted in the same way.
-    let again = session.run("while True:\n    pass").await;
-    assert_kind(&again, ErrorKind::Timeout);
-    assert!(!again.session_ended, "{again:#?}");
-    assert_eq!(session.run("return note").await.value, json!("before"));
+    common::a_timeout_interrupts_the_code_and_the_session_keeps_its_state(&session).await;
 }
 
 #[tokio::test]
@@ -257,15 +241,7 @@ async fn a_long_sleep_is_cut_at_the_deadline_and_interrupted() {
 #[tokio::test]
 async fn a_run_still_waiting_in_a_tool_call_after_the_grace_period_ends_the_session() {
     // The guest waits in the host, where no interrupt reaches it, until the call returns.
-    let gate = Gate::default();
-    let mut tools = ToolRegistry::with_builtins();
-    gate.register(&mut tools);
-    let runner = Runner::builder()
-        .tools(tools)
-        .policy(ToolPolicy::new().namespace("gate"))
-        .limits(common::wall(Duration::from_millis(300)))
-        .build()
-        .unwrap();
+    let (runner, _gate) = gated(common::wall(Duration::from_millis(300)));
     let session = runner.session().await.unwrap();
     assert!(session.run("x = 1").await.ok);
     let r = session.run("return await wait()").await;
@@ -326,14 +302,7 @@ async fn sessions_do_not_see_each_other_or_one_shot_runs() {
 
 #[tokio::test]
 async fn a_second_run_while_one_runs_is_refused_as_busy() {
-    let gate = Gate::default();
-    let mut tools = ToolRegistry::with_builtins();
-    gate.register(&mut tools);
-    let runner = Runner::builder()
-        .tools(tools)
-        .policy(ToolPolicy::new().namespace("gate"))
-        .build()
-        .unwrap();
+    let (runner, gate) = gated(Limits::default());
     let session = runner.session().await.unwrap();
     common::a_second_run_is_refused_while_one_is_held(session, &gate).await;
 }

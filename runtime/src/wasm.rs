@@ -502,29 +502,16 @@ impl Inner {
         let reaped = reaper::reaped();
         let meter_fuel = self.settings.meter_fuel || self.settings.seed.is_some();
         let seed = self.settings.seed;
-        match Fresh::new(
-            &self.engine,
-            &prepared.pre,
-            &prepared.indices,
-            meter_fuel,
-            self.reset,
-            seed,
-        )
-        .await
-        {
+        let fresh = || {
+            let (pre, indices) = (&prepared.pre, &prepared.indices);
+            Fresh::new(&self.engine, pre, indices, meter_fuel, self.reset, seed)
+        };
+        match fresh().await {
             // Used instances give their slots back on the reaper thread: when every slot is
             // taken, some may be waiting there, or have just come free.
             Err(_) if reaper::pending() || reaper::reaped() != reaped => {
                 reaper::drained().await;
-                Fresh::new(
-                    &self.engine,
-                    &prepared.pre,
-                    &prepared.indices,
-                    meter_fuel,
-                    self.reset,
-                    seed,
-                )
-                .await
+                fresh().await
             }
             result => result,
         }

@@ -174,3 +174,40 @@ pub async fn a_second_run_is_refused_while_one_is_held(session: pycage::Session,
     assert_eq!(slow.value, json!(1), "{slow:#?}");
     assert_eq!(session.run("return 3").await.value, json!(3));
 }
+
+/// In `session` (whose runs have a short wall-clock limit), a run that computes past its
+/// limit is interrupted: a timeout with `KeyboardInterrupt` and its traceback, after which the
+/// session keeps its variables, imports and what the interrupted run did, the next loop runs
+/// to its end (the interrupt was not left pending), and a second timeout is interrupted too.
+pub async fn a_timeout_interrupts_the_code_and_the_session_keeps_its_state(
+    session: &pycage::Session,
+) {
+    assert!(session.run("import json\nx = 1").await.ok);
+    let code =
+        "def spin():\n    global x\n    while True:\n        x += 1\nnote = 'before'\nspin()";
+    let r = session.run(code).await;
+    assert_kind(&r, pycage::ErrorKind::Timeout);
+    assert!(r.timed_out && !r.session_ended, "{r:#?}");
+    let error = r.error.as_ref().unwrap();
+    assert_eq!(
+        error.exception.as_deref(),
+        Some("KeyboardInterrupt"),
+        "{r:#?}"
+    );
+    assert!(error.message.contains("keeps its state"), "{r:#?}");
+    let tb = error.traceback.as_deref().unwrap_or_default();
+    assert!(
+        tb.contains("in spin"),
+        "the traceback shows where the code was: {tb}"
+    );
+    let after = session.run("return [x > 1, note, json.dumps([1])]").await;
+    assert_eq!(after.value, json!([true, "before", "[1]"]), "{after:#?}");
+    let next = session
+        .run("n = 0\nfor i in range(200_000):\n    n += 1\nreturn n")
+        .await;
+    assert_eq!(next.value, json!(200_000), "{next:#?}");
+    let again = session.run("while True:\n    pass").await;
+    assert_kind(&again, pycage::ErrorKind::Timeout);
+    assert!(!again.session_ended, "{again:#?}");
+    assert_eq!(session.run("return note").await.value, json!("before"));
+}

@@ -397,44 +397,13 @@ mod unix {
             self.gate.set(None);
             let max_value = limits.max_value_bytes();
             match ended {
-                Ended::Reported(outcome) => {
-                    let (stdout, stderr) = tokio::join!(
-                        self.stdout.finish(OUTPUT_GRACE),
-                        self.stderr.finish(OUTPUT_GRACE)
-                    );
-                    let value = classify::classify(
-                        Some(outcome),
-                        Exit::Code(0),
-                        Evidence::default(),
-                        Reporter::Guest,
-                        max_value,
-                    );
-                    Finished {
-                        value,
-                        stdout,
-                        stderr,
-                        ended: false,
-                    }
-                }
+                Ended::Reported(outcome) => self.reported(outcome, max_value).await,
                 Ended::TimedOut => {
                     if let Some(outcome) = self.interrupt().await {
-                        let (stdout, stderr) = tokio::join!(
-                            self.stdout.finish(OUTPUT_GRACE),
-                            self.stderr.finish(OUTPUT_GRACE)
-                        );
-                        let reported = classify::classify(
-                            Some(outcome),
-                            Exit::Code(0),
-                            Evidence::default(),
-                            Reporter::Guest,
-                            max_value,
-                        );
-                        return Finished {
-                            value: Err(crate::backend::interrupted(reported.err())),
-                            stdout,
-                            stderr,
-                            ended: false,
-                        };
+                        let mut finished = self.reported(outcome, max_value).await;
+                        let guest = finished.value.err();
+                        finished.value = Err(crate::backend::interrupted(guest));
+                        return finished;
                     }
                     let interrupted = self.server.guest_pid().is_some();
                     self.kill().await;
@@ -481,6 +450,27 @@ mod unix {
                     };
                     self.finished_dead(value).await
                 }
+            }
+        }
+
+        /// The result of a run whose guest reported `outcome` and lives on.
+        async fn reported(&self, outcome: protocol::Outcome, max_value: u64) -> Finished {
+            let (stdout, stderr) = tokio::join!(
+                self.stdout.finish(OUTPUT_GRACE),
+                self.stderr.finish(OUTPUT_GRACE)
+            );
+            let value = classify::classify(
+                Some(outcome),
+                Exit::Code(0),
+                Evidence::default(),
+                Reporter::Guest,
+                max_value,
+            );
+            Finished {
+                value,
+                stdout,
+                stderr,
+                ended: false,
             }
         }
 
