@@ -126,6 +126,11 @@ def _interrupt_table():
     interpreter's version, ``NSIG``, the handler's address, the address of ``0``, which is the
     interpreter's SIG_DFL object, and the first word inverted as an end mark) tells it which
     values the signals state holds. Keep in step with that file.
+
+    One word of the table is the guest's: ``_IN_HOST_CALL``, set while a tool call is in the
+    host. The call's result is built by componentize-py's glue, which calls Python and cannot
+    take an exception there (it aborts the guest), so the host holds an interrupt back while
+    the word is set.
     """
     import signal
 
@@ -136,6 +141,7 @@ def _interrupt_table():
         signal.NSIG,
         id(signal.default_int_handler),
         id(0),
+        0,
         _INTERRUPT_MAGIC[0] ^ 0xFFFFFFFF,
     )
     return array.array("I", words)
@@ -143,6 +149,7 @@ def _interrupt_table():
 
 _INTERRUPT_MAGIC = (0x65746E69, 0x70757272)
 _INTERRUPT_TABLE = _interrupt_table()
+_IN_HOST_CALL = 6
 
 
 def _reseed_random_lazily():
@@ -331,12 +338,17 @@ _FAILURE_KINDS = {
 }
 
 
-def _call(name, args_json):
+def _call(name, args_json, table=_INTERRUPT_TABLE, in_host_call=_IN_HOST_CALL):
+    # While the call is in the host (and its result in componentize-py's glue), the host holds
+    # a session run's interrupt back (see `_interrupt_table`).
+    table[in_host_call] = 1
     try:
         return True, host.call_tool(name, args_json)
     except Err as err:
         value = err.value
         return False, (_TOOL_ERROR_KINDS.get(type(value), "failed"), value.value)
+    finally:
+        table[in_host_call] = 0
 
 
 class Guest(exports.Guest):

@@ -36,6 +36,18 @@ async fn session(limits: Limits) -> Option<Session> {
     Some(bwrap(limits)?.session().await.expect("the session opens"))
 }
 
+/// A session with `limits` whose code may call `gate.wait`, and its gate; `None` where
+/// bubblewrap cannot run.
+async fn gated_session(limits: Limits) -> Option<(Session, Gate)> {
+    let subject = os_support::subject("bubblewrap")?;
+    let gate = Gate::default();
+    let mut tools = ToolRegistry::with_builtins();
+    gate.register(&mut tools);
+    let runner = subject.runner(tools, ToolPolicy::new().namespace("gate"), limits);
+    let session = runner.session().await.expect("the session opens");
+    Some((session, gate))
+}
+
 fn wall(d: Duration) -> Limits {
     Limits::builder().wall_timeout(d).build().unwrap()
 }
@@ -341,19 +353,18 @@ async fn a_tool_call_between_runs_reaches_no_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_run_while_one_runs_is_refused_as_busy() {
-    let Some(subject) = os_support::subject("bubblewrap") else {
+    let Some((session, gate)) = gated_session(Limits::default()).await else {
         return;
     };
-    let gate = Gate::default();
-    let mut tools = ToolRegistry::with_builtins();
-    gate.register(&mut tools);
-    let runner = subject.runner(
-        tools,
-        ToolPolicy::new().namespace("gate"),
-        Limits::default(),
-    );
-    let session = runner.session().await.expect("the session opens");
     common::a_second_run_is_refused_while_one_is_held(session, &gate).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_still_going_at_the_deadline_ends_there_and_the_session_lives() {
+    let Some((session, _gate)) = gated_session(wall(Duration::from_millis(500))).await else {
+        return;
+    };
+    common::a_tool_call_still_going_at_the_deadline_ends_there(&session).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -173,8 +173,8 @@ pub(crate) const INTERRUPT_GRACE: std::time::Duration = std::time::Duration::fro
 /// timeout, with the guest's traceback and exception where the interrupt ended the code
 /// (`guest`, the failure the guest reported, if it reported one).
 pub(crate) fn interrupted(guest: Option<RunError>) -> RunError {
-    let message = "the wall-clock limit was reached: the code was interrupted with \
-                   KeyboardInterrupt, and the session keeps its state";
+    let message = "the wall-clock limit was reached: the code was interrupted, and the \
+                   session keeps its state";
     match guest {
         Some(guest) => RunError {
             kind: ErrorKind::Timeout,

@@ -211,3 +211,23 @@ pub async fn a_timeout_interrupts_the_code_and_the_session_keeps_its_state(
     assert!(!again.session_ended, "{again:#?}");
     assert_eq!(session.run("return note").await.value, json!("before"));
 }
+
+/// In `session` (short wall-clock limit, `gate.wait` exposed and never opened), a tool call
+/// still going at the deadline ends there, the run is a timeout, and the session lives: the
+/// code sees the failed call ("the run's wall-clock limit was reached during this call") or
+/// the interrupt that follows it, where it made the call.
+pub async fn a_tool_call_still_going_at_the_deadline_ends_there(session: &pycage::Session) {
+    assert!(session.run("x = 1").await.ok);
+    let r = session
+        .run("note = 'before'\nawait wait()\nnote = 'after'")
+        .await;
+    assert_kind(&r, pycage::ErrorKind::Timeout);
+    assert!(r.timed_out && !r.session_ended, "{r:#?}");
+    let exception = r.error.as_ref().and_then(|e| e.exception.as_deref());
+    assert!(
+        matches!(exception, Some("ToolError" | "KeyboardInterrupt")),
+        "{r:#?}"
+    );
+    let after = session.run("return [x, note]").await;
+    assert_eq!(after.value, json!([1, "before"]), "{after:#?}");
+}

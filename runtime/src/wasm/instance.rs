@@ -135,7 +135,8 @@ impl Fresh {
                 // Past the deadline a one-shot run traps. A session's run is interrupted by
                 // the run's driver (`until`) at its next poll, which this yield gives it, and
                 // traps only if it has not stopped within the grace period.
-                if state.interrupt.is_some() && now < state.deadline + interrupt::GRACE {
+                let grace = state.interrupt.as_ref().filter(|p| p.armed());
+                if grace.is_some_and(|p| now < p.stop_at(state.deadline)) {
                     Ok(UpdateDeadline::Yield(1))
                 } else {
                     Ok(UpdateDeadline::Interrupt)
@@ -358,7 +359,7 @@ impl Fresh {
         // A trap, an exit or a run cut at its deadline leaves the instance unusable: the
         // engine unwound it mid-call.
         let poisoned = !matches!(outcome, Ok(Ok(_)));
-        let interrupted = probe.as_ref().is_some_and(|p| p.sent());
+        let interrupted = probe.as_ref().is_some_and(|p| p.interrupted());
         let value = match outcome {
             _ if interrupted => {
                 let failure = match &outcome {
@@ -458,11 +459,11 @@ async fn until<F: Future>(
         }
         let now = Instant::now();
         if now >= deadline
-            && let Some(interrupt) = interrupt
-            && let Some(sent) = interrupt.raise(now)
+            && let Some(interrupt) = interrupt.filter(|p| p.armed())
         {
+            interrupt.raise(now);
             interrupt.remind();
-            let grace_ends = sent + interrupt::GRACE;
+            let grace_ends = interrupt.stop_at(deadline);
             if stop_at != grace_ends {
                 stop_at = grace_ends;
                 timer.as_mut().reset(stop_at.into());

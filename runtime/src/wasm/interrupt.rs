@@ -74,6 +74,8 @@ pub(crate) struct Sites {
     is_tripped: usize,
     /// The main thread state's `eval_breaker`.
     eval_breaker: usize,
+    /// The guest's word that says a tool call is in the host, where an interrupt must wait.
+    in_host_call: usize,
 }
 
 fn word(data: &[u8], at: usize) -> Option<u32> {
@@ -93,6 +95,8 @@ struct Table {
     nsig: usize,
     handler: u32,
     sig_dfl: u32,
+    /// Where the guest's "in a host call" word is.
+    in_host_call: usize,
 }
 
 impl Table {
@@ -103,7 +107,7 @@ impl Table {
         let mut found = None;
         for at in memchr::memmem::find_iter(data, &magic) {
             let w = |i: usize| word(data, at + 4 * i);
-            if at % 4 != 0 || w(6) != Some(!MAGIC[0]) {
+            if at % 4 != 0 || w(7) != Some(!MAGIC[0]) {
                 continue;
             }
             let table = Table {
@@ -113,6 +117,7 @@ impl Table {
                     .filter(|n| (SIGINT + 1..=1024).contains(n))?,
                 handler: w(4)?,
                 sig_dfl: w(5)?,
+                in_host_call: at + 4 * 6,
             };
             if found.replace(table).is_some() {
                 return None;
@@ -134,6 +139,7 @@ impl Sites {
             sigint_tripped,
             is_tripped,
             eval_breaker,
+            in_host_call: table.in_host_call,
         })
     }
 }
@@ -211,6 +217,8 @@ struct RunInterrupt {
     armed: Option<Armed>,
     /// When it was sent, if it was.
     sent: Option<Instant>,
+    /// The deadline cut a wait or a tool call short: the run is a timeout whatever it returns.
+    cut: bool,
 }
 
 impl Probe {
@@ -239,11 +247,22 @@ impl Probe {
         let mut run = self.run();
         if run.sent.is_none()
             && let Some(armed) = &mut run.armed
+            && armed.raise()
         {
-            armed.raise();
             run.sent = Some(now);
         }
         run.sent
+    }
+
+    /// Whether the current run can be interrupted (it armed its interrupt).
+    pub(crate) fn armed(&self) -> bool {
+        self.run().armed.is_some()
+    }
+
+    /// When the current run is to be stopped at the latest, past `deadline`: the grace period
+    /// after its interrupt, or after the deadline while the interrupt waits to be sent.
+    pub(crate) fn stop_at(&self, deadline: Instant) -> Instant {
+        self.run().sent.unwrap_or(deadline).max(deadline) + GRACE
     }
 
     /// Sets the eval breaker's signals bit again while the signal is still unhandled: code
@@ -255,9 +274,17 @@ impl Probe {
         }
     }
 
-    /// Whether the current run was interrupted.
-    pub(crate) fn sent(&self) -> bool {
-        self.run().sent.is_some()
+    /// The deadline cut a wait or a tool call of the current run short, at `now`: the run is
+    /// a timeout, and its interrupt is sent (or waits to be, see [`raise`](Self::raise)).
+    pub(crate) fn cut(&self, now: Instant) {
+        self.run().cut = true;
+        self.raise(now);
+    }
+
+    /// Whether the current run was interrupted (or cut short) at its deadline.
+    pub(crate) fn interrupted(&self) -> bool {
+        let run = self.run();
+        run.sent.is_some() || run.cut
     }
 
     /// Ends the current run: takes back an interrupt the code did not handle (it returned
@@ -271,6 +298,7 @@ impl Probe {
             armed.clear();
         }
         run.armed = None;
+        run.cut = false;
     }
 
     fn note(&self, memory: &mut [u8]) {
@@ -286,6 +314,7 @@ impl Probe {
         });
         let mut run = self.run();
         run.sent = None;
+        run.cut = false;
         run.armed = sites.map(|sites| Armed {
             base: memory.as_mut_ptr(),
             len: memory.len(),
@@ -347,17 +376,22 @@ pub(crate) struct Armed {
 unsafe impl Send for Armed {}
 
 impl Armed {
-    /// Raises SIGINT in the guest, as CPython's signal handler would have. Called only as
-    /// [`Probe::raise`] says.
-    fn raise(&mut self) {
+    /// Raises SIGINT in the guest, as CPython's signal handler would have, unless a tool call
+    /// is in the host (then false: it waits). Called only as [`Probe::raise`] says.
+    fn raise(&mut self) -> bool {
         let s = self.sites;
+        if self.read(s.in_host_call) != Some(0) {
+            return false;
+        }
         self.write(s.sigint_tripped, 1);
         self.write(s.is_tripped, 1);
         self.breaker();
+        true
     }
 
     fn remind(&mut self) {
-        if self.read(self.sites.sigint_tripped) == Some(1) {
+        let s = self.sites;
+        if self.read(s.sigint_tripped) == Some(1) && self.read(s.in_host_call) == Some(0) {
             self.breaker();
         }
     }

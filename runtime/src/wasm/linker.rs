@@ -111,7 +111,7 @@ impl WaitView<'_> {
             done = wait => done,
             () = tokio::time::sleep_until(at.into()) => {
                 // The guest waits here, suspended: the interrupt reaches its next bytecode.
-                probe.raise(std::time::Instant::now());
+                probe.cut(std::time::Instant::now());
                 Ok(early)
             }
         }
@@ -306,7 +306,23 @@ impl host::Host for RunState {
         let Some(gate) = self.gate.clone() else {
             return Err(host::ToolError::Denied("no run is in progress".into()));
         };
-        let outcome = gate.call(&name, &args_json).await;
+        let call = gate.call(&name, &args_json);
+        let outcome = match self.interrupt.clone() {
+            None => call.await,
+            // In a session, a call still going at the run's deadline is cut there (dropping
+            // it cancels the tool). The call fails, and the run's interrupt reaches the code
+            // once the call is back in Python (the guest holds it back until then).
+            Some(probe) => tokio::select! {
+                biased;
+                outcome = call => outcome,
+                () = tokio::time::sleep_until(self.deadline.into()) => {
+                    probe.cut(std::time::Instant::now());
+                    Err(CallError::Failed(
+                        "the run's wall-clock limit was reached during this call".into(),
+                    ))
+                }
+            },
+        };
         if gate.halted() {
             // The run stopped at this call (suspended, or off its journal): the guest waits
             // here until the run's driver sees the halt and drops the instance.
