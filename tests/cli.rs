@@ -677,6 +677,8 @@ fn repl_keeps_state_echoes_expressions_and_starts_over_when_a_run_ends_the_sessi
                  x\n\
                  while True: pass\n\
                  x\n\
+                 while True:\n    try:\n        while True: pass\n    except KeyboardInterrupt: pass\n\n\
+                 x\n\
                  exit\n\
                  never = 'run'\n";
     let out = pycage_with(&["repl", "--timeout", "1s"], Some(input.as_bytes()), &[]);
@@ -684,9 +686,11 @@ fn repl_keeps_state_echoes_expressions_and_starts_over_when_a_run_ends_the_sessi
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let values: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('[')).collect();
-    // 42 and 21 echoed, x still 20 after the failed entry; after the timeout a new session
-    // has no x, and nothing after `exit` ran.
-    assert_eq!(values[1..], ["42", "21", "20"], "{stdout}");
+    // 42 and 21 echoed, x still 20 after the failed entry and after the interrupted one;
+    // after the loop that swallows the interrupt a new session has no x, and nothing after
+    // `exit` ran.
+    assert_eq!(values[1..], ["42", "21", "20", "20"], "{stdout}");
+    assert!(stderr.contains("KeyboardInterrupt"), "{stderr}");
     assert!(
         stdout.contains("[the session ended; a new one starts"),
         "{stdout}"
