@@ -38,7 +38,10 @@
 //! for out-of-process debuggers ("xdebugpy"), and checked by its pointer back to its
 //! interpreter. Every instance of one compiled guest has these at the same
 //! addresses (they are in the snapshot), so they are found once, when the first session's
-//! first run is lowered, before any code ran in its instance. If any check fails, sessions of
+//! first run is lowered, before any code ran in its instance. The table also holds a word the
+//! guest sets while a tool call is in the host: componentize-py's glue builds the call's
+//! result in Python and cannot take an exception there (it aborts the guest), so the
+//! interrupt waits until the word is clear. If any check fails, sessions of
 //! that guest trap at their deadline as one-shot runs do, and the log says why.
 
 use std::mem::MaybeUninit;
@@ -204,8 +207,8 @@ pub(crate) struct Code {
 }
 
 /// A session's interrupt: armed by each run as its code is lowered, sent at the run's
-/// deadline by whichever comes first, the run's driver (between two polls) or a wait that the
-/// deadline cut short (in the host call, see `super::linker`).
+/// deadline by whichever comes first, the run's driver (between two polls) or a wait or tool
+/// call that the deadline cut short (in that host call, see `super::linker`).
 pub(crate) struct Probe {
     sites: SiteCell,
     run: Mutex<RunInterrupt>,
@@ -236,7 +239,8 @@ impl Probe {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Sends the run's interrupt, once, if the run armed it; returns when it was sent.
+    /// Sends the run's interrupt, once, if the run armed it and no tool call is in the host
+    /// (then it waits for a later call of this); returns when it was sent.
     ///
     /// Called only while the guest is suspended: between two polls of the run's future, on
     /// the thread that polls it, or in a host call the guest made. Its code runs only inside
