@@ -127,10 +127,10 @@ def _interrupt_table():
     interpreter's SIG_DFL object, and the first word inverted as an end mark) tells it which
     values the signals state holds. Keep in step with that file.
 
-    One word of the table is the guest's: ``_IN_HOST_CALL``, set while a tool call is in the
-    host. The call's result is built by componentize-py's glue, which calls Python and cannot
-    take an exception there (it aborts the guest), so the host holds an interrupt back while
-    the word is set.
+    One word of the table is the guest's: ``_HOLD``, set while an interrupt must wait. That is
+    while a tool call is in the host, and once a run's code has failed, while its failure is
+    built: both are finished by componentize-py's glue, which calls Python and cannot take an
+    exception there (it aborts the guest). The host sends no interrupt while the word is set.
     """
     import signal
 
@@ -149,7 +149,7 @@ def _interrupt_table():
 
 _INTERRUPT_MAGIC = (0x65746E69, 0x70757272)
 _INTERRUPT_TABLE = _interrupt_table()
-_IN_HOST_CALL = 6
+_HOLD = 6
 
 
 def _reseed_random_lazily():
@@ -338,26 +338,30 @@ _FAILURE_KINDS = {
 }
 
 
-def _call(name, args_json, table=_INTERRUPT_TABLE, in_host_call=_IN_HOST_CALL):
+def _call(name, args_json, table=_INTERRUPT_TABLE, hold=_HOLD):
     # While the call is in the host (and its result in componentize-py's glue), the host holds
     # a session run's interrupt back (see `_interrupt_table`).
-    table[in_host_call] = 1
+    table[hold] = 1
     try:
         return True, host.call_tool(name, args_json)
     except Err as err:
         value = err.value
         return False, (_TOOL_ERROR_KINDS.get(type(value), "failed"), value.value)
     finally:
-        table[in_host_call] = 0
+        table[hold] = 0
 
 
 class Guest(exports.Guest):
-    def run(self, code, request_json):
+    def run(self, code, request_json, table=_INTERRUPT_TABLE, hold=_HOLD):
+        table[hold] = 0
         try:
             return pycage_runner.run(code, request_json, _call)
         except pycage_runner.Failure as failure:
+            # From here on an interrupt would escape into componentize-py's glue: held.
+            table[hold] = 1
             error = failure
         except BaseException as exc:  # noqa: BLE001 - escaping here would abort the guest
+            table[hold] = 1
             error = pycage_runner.exception_failure(exc)
         raise Err(
             contract.Failure(

@@ -39,9 +39,10 @@
 //! interpreter. Every instance of one compiled guest has these at the same
 //! addresses (they are in the snapshot), so they are found once, when the first session's
 //! first run is lowered, before any code ran in its instance. The table also holds a word the
-//! guest sets while a tool call is in the host: componentize-py's glue builds the call's
-//! result in Python and cannot take an exception there (it aborts the guest), so the
-//! interrupt waits until the word is clear. If any check fails, sessions of
+//! guest sets while an interrupt must wait: while a tool call is in the host, and while a
+//! failed run's result is built. componentize-py's glue finishes both in Python and cannot
+//! take an exception there (it aborts the guest), so the interrupt waits until the word is
+//! clear. If any check fails, sessions of
 //! that guest trap at their deadline as one-shot runs do, and the log says why.
 
 use std::mem::MaybeUninit;
@@ -77,8 +78,9 @@ pub(crate) struct Sites {
     is_tripped: usize,
     /// The main thread state's `eval_breaker`.
     eval_breaker: usize,
-    /// The guest's word that says a tool call is in the host, where an interrupt must wait.
-    in_host_call: usize,
+    /// The guest's word that says an interrupt must wait (a tool call is in the host, or a
+    /// failed run's result is being built).
+    held: usize,
 }
 
 fn word(data: &[u8], at: usize) -> Option<u32> {
@@ -98,8 +100,8 @@ struct Table {
     nsig: usize,
     handler: u32,
     sig_dfl: u32,
-    /// Where the guest's "in a host call" word is.
-    in_host_call: usize,
+    /// Where the guest's "interrupts held" word is.
+    held: usize,
 }
 
 impl Table {
@@ -120,7 +122,7 @@ impl Table {
                     .filter(|n| (SIGINT + 1..=1024).contains(n))?,
                 handler: w(4)?,
                 sig_dfl: w(5)?,
-                in_host_call: at + 4 * 6,
+                held: at + 4 * 6,
             };
             if found.replace(table).is_some() {
                 return None;
@@ -142,7 +144,7 @@ impl Sites {
             sigint_tripped,
             is_tripped,
             eval_breaker,
-            in_host_call: table.in_host_call,
+            held: table.held,
         })
     }
 }
@@ -239,8 +241,8 @@ impl Probe {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Sends the run's interrupt, once, if the run armed it and no tool call is in the host
-    /// (then it waits for a later call of this); returns when it was sent.
+    /// Sends the run's interrupt, once, if the run armed it and the guest does not hold
+    /// interrupts (then it waits for a later call of this); returns when it was sent.
     ///
     /// Called only while the guest is suspended: between two polls of the run's future, on
     /// the thread that polls it, or in a host call the guest made. Its code runs only inside
@@ -380,11 +382,11 @@ pub(crate) struct Armed {
 unsafe impl Send for Armed {}
 
 impl Armed {
-    /// Raises SIGINT in the guest, as CPython's signal handler would have, unless a tool call
-    /// is in the host (then false: it waits). Called only as [`Probe::raise`] says.
+    /// Raises SIGINT in the guest, as CPython's signal handler would have, unless the guest
+    /// holds interrupts (then false: it waits). Called only as [`Probe::raise`] says.
     fn raise(&mut self) -> bool {
         let s = self.sites;
-        if self.read(s.in_host_call) != Some(0) {
+        if self.read(s.held) != Some(0) {
             return false;
         }
         self.write(s.sigint_tripped, 1);
@@ -395,7 +397,7 @@ impl Armed {
 
     fn remind(&mut self) {
         let s = self.sites;
-        if self.read(s.sigint_tripped) == Some(1) && self.read(s.in_host_call) == Some(0) {
+        if self.read(s.sigint_tripped) == Some(1) && self.read(s.held) == Some(0) {
             self.breaker();
         }
     }
