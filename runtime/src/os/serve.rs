@@ -145,13 +145,14 @@ impl Shared {
         }
     }
 
-    /// Waits until a guest asks for its next run.
-    #[cfg_attr(not(unix), allow(dead_code))]
+    /// The host's process id of the peer that asked for a session's runs, once one has.
     #[cfg_attr(not(unix), allow(dead_code))]
     pub(crate) fn guest_pid(&self) -> Option<i32> {
         Some(self.guest_pid.load(Ordering::SeqCst)).filter(|&pid| pid > 0)
     }
 
+    /// Waits until a guest asks for its next run.
+    #[cfg_attr(not(unix), allow(dead_code))]
     pub(crate) async fn asked(&self) {
         self.asked.notified().await;
     }
