@@ -338,6 +338,16 @@ mod unix {
         TimedOut,
     }
 
+    /// What interrupting a run at its deadline came to.
+    enum Interrupted {
+        /// The code stopped and the guest reported the run.
+        Stopped(protocol::Outcome),
+        /// The interrupt was sent, and no outcome came within the grace period.
+        Ignored,
+        /// There was no interpreter to interrupt (its process unknown or gone).
+        NotSent,
+    }
+
     /// What a run left: its value, its output, and whether the guest is gone.
     struct Finished {
         value: Result<serde_json::Value, RunError>,
@@ -399,15 +409,18 @@ mod unix {
             match ended {
                 Ended::Reported(outcome) => self.reported(outcome, max_value).await,
                 Ended::TimedOut => {
-                    if let Some(outcome) = self.interrupt().await {
-                        let mut finished = self.reported(outcome, max_value).await;
-                        let guest = finished.value.err();
-                        finished.value = Err(crate::backend::interrupted(guest));
-                        return finished;
-                    }
-                    let interrupted = self.server.guest_pid().is_some();
+                    let sent = match self.interrupt().await {
+                        Interrupted::Stopped(outcome) => {
+                            let mut finished = self.reported(outcome, max_value).await;
+                            let guest = finished.value.err();
+                            finished.value = Err(crate::backend::interrupted(guest));
+                            return finished;
+                        }
+                        Interrupted::Ignored => true,
+                        Interrupted::NotSent => false,
+                    };
                     self.kill().await;
-                    if interrupted {
+                    if sent {
                         return self
                             .finished_dead(Err(crate::backend::interrupt_ignored()))
                             .await;
@@ -476,18 +489,19 @@ mod unix {
 
         /// Interrupts the guest's interpreter at the run's deadline, as Ctrl-C would
         /// (`KeyboardInterrupt` in the running code), and waits up to
-        /// [`INTERRUPT_GRACE`](crate::backend::INTERRUPT_GRACE) for the run's outcome; `None`
-        /// if none came (or there was no interpreter to interrupt).
-        async fn interrupt(&mut self) -> Option<protocol::Outcome> {
-            let pid = self.server.guest_pid()?;
+        /// [`INTERRUPT_GRACE`](crate::backend::INTERRUPT_GRACE) for the run's outcome.
+        async fn interrupt(&mut self) -> Interrupted {
+            let Some(pid) = self.server.guest_pid() else {
+                return Interrupted::NotSent;
+            };
             if !super::super::sys::interrupt_process(pid) {
-                return None;
+                return Interrupted::NotSent;
             }
             tokio::select! {
                 biased;
-                outcome = self.server.outcome() => Some(outcome),
-                _ = self.group.child().wait() => None,
-                () = tokio::time::sleep(crate::backend::INTERRUPT_GRACE) => None,
+                outcome = self.server.outcome() => Interrupted::Stopped(outcome),
+                _ = self.group.child().wait() => Interrupted::Ignored,
+                () = tokio::time::sleep(crate::backend::INTERRUPT_GRACE) => Interrupted::Ignored,
             }
         }
 

@@ -42,17 +42,16 @@ pub(crate) struct Fresh {
     store: GuestStore,
     sandbox: Sandbox,
     instance: wasmtime::component::Instance,
-    /// A session's way into the guest (see [`Fresh::into_session`]).
-    session: Option<SessionRun>,
+    /// A session's way into the guest (see [`Fresh::into_session`]); its interrupt is the
+    /// store's (`RunState::interrupt`).
+    session_run: Option<SessionRun>,
     meter_fuel: bool,
 }
 
 /// How a session's runs enter the guest: its `run` export, called with code that arms the
 /// run's interrupt as it is lowered (`interrupt::Code`).
-struct SessionRun {
-    run: wasmtime::component::TypedFunc<(interrupt::Code, String), (Result<String, Failure>,)>,
-    probe: Arc<interrupt::Probe>,
-}
+type SessionRun =
+    wasmtime::component::TypedFunc<(interrupt::Code, String), (Result<String, Failure>,)>;
 
 /// What one run produced, before the backend wraps it in a `RunResult`.
 pub(crate) struct Outcome {
@@ -156,7 +155,7 @@ impl Fresh {
             store,
             sandbox,
             instance,
-            session: None,
+            session_run: None,
             meter_fuel,
         })
     }
@@ -234,14 +233,10 @@ impl Fresh {
                 &mut *self.store,
                 &run,
             )?;
-        let probe = Arc::new(interrupt::Probe::new(sites));
-        self.session = Some(SessionRun {
-            run,
-            probe: probe.clone(),
-        });
+        self.session_run = Some(run);
         let state = self.store.data_mut();
         state.scratch = ScratchSlot::Lazy(limits.clone());
-        state.interrupt = Some(probe);
+        state.interrupt = Some(Arc::new(interrupt::Probe::new(sites)));
         Ok(self)
     }
 
@@ -322,29 +317,28 @@ impl Fresh {
         }
         let request = request.to_string();
 
-        let probe = self.session.as_ref().map(|s| s.probe.clone());
-        let outcome = match (fuel_set, &self.session) {
-            (Err(e), _) => Ok(Err(e)),
-            (Ok(()), None) => {
+        let probe = store.data().interrupt.clone();
+        let outcome = match (fuel_set, &self.session_run, &probe) {
+            (Err(e), ..) => Ok(Err(e)),
+            (Ok(()), Some(session_run), Some(probe)) => {
+                let code = interrupt::Code {
+                    text: std::mem::take(&mut job.code),
+                    probe: probe.clone(),
+                };
+                let run = async {
+                    session_run
+                        .call_async(&mut **store, (code, request))
+                        .await
+                        .map(|(r,)| r)
+                };
+                until(deadline, run, || gate.halted(), Some(probe)).await
+            }
+            (Ok(()), ..) => {
                 let run =
                     sandbox
                         .pycage_sandbox_guest()
                         .call_run(&mut **store, &job.code, &request);
                 until(deadline, run, || gate.halted(), None).await
-            }
-            (Ok(()), Some(session)) => {
-                let code = interrupt::Code {
-                    text: std::mem::take(&mut job.code),
-                    probe: session.probe.clone(),
-                };
-                let run = async {
-                    session
-                        .run
-                        .call_async(&mut **store, (code, request))
-                        .await
-                        .map(|(r,)| r)
-                };
-                until(deadline, run, || gate.halted(), Some(&session.probe)).await
             }
         };
 

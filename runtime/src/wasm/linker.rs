@@ -92,28 +92,36 @@ impl HasData for Waits {
 
 struct WaitView<'a> {
     table: &'a mut ResourceTable,
-    /// A session run's deadline, and its interrupt; `None` in a one-shot run.
-    cut: Option<(std::time::Instant, &'a Probe)>,
+    cut: Cut<'a>,
 }
 
-impl WaitView<'_> {
-    /// `wait`, or, if the run's deadline comes first, the run's interrupt sent and `cut`.
-    async fn cut<T>(
-        cut: Option<(std::time::Instant, &Probe)>,
-        wait: impl Future<Output = wasmtime::Result<T>>,
-        early: T,
-    ) -> wasmtime::Result<T> {
-        let Some((at, probe)) = cut else {
-            return wait.await;
-        };
-        tokio::select! {
-            biased;
-            done = wait => done,
-            () = tokio::time::sleep_until(at.into()) => {
-                // The guest waits here, suspended: the interrupt reaches its next bytecode.
-                probe.cut(std::time::Instant::now());
-                Ok(early)
-            }
+/// A session run's deadline and its interrupt: what ends a host call at the deadline (see
+/// [`cut_at_deadline`]). `None` in a one-shot run, whose driver stops the whole run there.
+type Cut<'a> = Option<(std::time::Instant, &'a Probe)>;
+
+/// The [`Cut`] of a run whose state has `interrupt` and `deadline` (fields, so that a caller
+/// can borrow the rest of the state beside it).
+fn cut(interrupt: &Option<std::sync::Arc<Probe>>, deadline: std::time::Instant) -> Cut<'_> {
+    interrupt.as_deref().map(|probe| (deadline, probe))
+}
+
+/// `wait`, or, if `cut`'s deadline comes first, `early()`, with the run cut short there: the
+/// guest, suspended in this host call, gets the run's interrupt at its next bytecode (or as
+/// soon as it no longer holds interrupts), and the wait's future is dropped.
+async fn cut_at_deadline<F: Future>(
+    cut: Cut<'_>,
+    wait: F,
+    early: impl FnOnce() -> F::Output,
+) -> F::Output {
+    let Some((at, probe)) = cut else {
+        return wait.await;
+    };
+    tokio::select! {
+        biased;
+        done = wait => done,
+        () = tokio::time::sleep_until(at.into()) => {
+            probe.cut(std::time::Instant::now());
+            early()
         }
     }
 }
@@ -121,13 +129,16 @@ impl WaitView<'_> {
 impl PollHost for WaitView<'_> {
     async fn poll(&mut self, pollables: Vec<Resource<DynPollable>>) -> wasmtime::Result<Vec<u32>> {
         let cut = self.cut.filter(|_| !pollables.is_empty());
-        Self::cut(cut, PollHost::poll(self.table, pollables), vec![0]).await
+        cut_at_deadline(cut, PollHost::poll(self.table, pollables), || Ok(vec![0])).await
     }
 }
 
 impl HostPollable for WaitView<'_> {
     async fn block(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<()> {
-        Self::cut(self.cut, HostPollable::block(self.table, pollable), ()).await
+        cut_at_deadline(self.cut, HostPollable::block(self.table, pollable), || {
+            Ok(())
+        })
+        .await
     }
 
     async fn ready(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<bool> {
@@ -209,7 +220,7 @@ fn link_granted_wasi(l: &mut Linker<RunState>) -> wasmtime::Result<()> {
     use wasmtime_wasi_io::bindings::wasi::io;
     io::error::add_to_linker::<RunState, Io>(l, |t| t.ctx().table)?;
     io::poll::add_to_linker::<RunState, Waits>(l, |t| WaitView {
-        cut: t.interrupt.as_deref().map(|probe| (t.deadline, probe)),
+        cut: cut(&t.interrupt, t.deadline),
         table: &mut t.table,
     })?;
     io::streams::add_to_linker::<RunState, Io>(l, |t| t.ctx().table)?;
@@ -306,23 +317,16 @@ impl host::Host for RunState {
         let Some(gate) = self.gate.clone() else {
             return Err(host::ToolError::Denied("no run is in progress".into()));
         };
-        let call = gate.call(&name, &args_json);
-        let outcome = match self.interrupt.clone() {
-            None => call.await,
-            // In a session, a call still going at the run's deadline is cut there (dropping
-            // it cancels the tool). The call fails, and the run's interrupt reaches the code
-            // once the call is back in Python (the guest holds it back until then).
-            Some(probe) => tokio::select! {
-                biased;
-                outcome = call => outcome,
-                () = tokio::time::sleep_until(self.deadline.into()) => {
-                    probe.cut(std::time::Instant::now());
-                    Err(CallError::Failed(
-                        "the run's wall-clock limit was reached during this call".into(),
-                    ))
-                }
-            },
+        // In a session, a call still going at the run's deadline is cut there (dropping it
+        // cancels the tool). The call fails, and the run's interrupt reaches the code once
+        // the call is back in Python (the guest holds it back until then).
+        let early = || {
+            Err(CallError::Failed(
+                "the run's wall-clock limit was reached during this call".into(),
+            ))
         };
+        let at_deadline = cut(&self.interrupt, self.deadline);
+        let outcome = cut_at_deadline(at_deadline, gate.call(&name, &args_json), early).await;
         if gate.halted() {
             // The run stopped at this call (suspended, or off its journal): the guest waits
             // here until the run's driver sees the halt and drops the instance.
