@@ -2,8 +2,8 @@
 
 componentize-py runs this module's top level at build time and snapshots the interpreter's
 heap afterwards, so every module imported here is ready, already initialised, the moment a run
-starts. Modules that were not imported here are not in the component at all: ``PRELOAD`` is the
-list of what the guest's code can import.
+starts. ``PRELOAD`` lists them; the rest of the standard library is kept compiled in the
+snapshot and imported on demand (``pycage_stdlib``).
 """
 
 import array
@@ -16,6 +16,7 @@ import sys
 import types
 
 import pycage_runner
+import pycage_stdlib
 from componentize_py_types import Err
 from wit_world import exports
 from wit_world.exports import guest as contract
@@ -33,8 +34,9 @@ _SNAPSHOT_OBJECTS = _IMMORTAL_TABLE = None
 # storage, and a chunk freed after the last plug is a hole a run's first objects land in.
 _PLUGS = [None] * (1 << 16)
 
-# What user code may import. Importing at build time costs nothing per run: the snapshot holds
-# the initialised modules and each run maps that snapshot copy-on-write.
+# What user code imports for free. Importing at build time costs nothing per run: the snapshot
+# holds the initialised modules and each run maps that snapshot copy-on-write. Any other module
+# of the standard library is imported in the run that asks for it (``STDLIB``).
 PRELOAD = (
     "abc", "argparse", "array", "ast", "asyncio", "base64", "binascii", "bisect", "calendar",
     "cmath", "codecs", "collections", "collections.abc", "colorsys", "contextlib",
@@ -60,6 +62,12 @@ for _name in PRELOAD:
         importlib.import_module(_name)
     except ImportError:
         MISSING.append(_name)
+
+# The rest of the standard library, from the directory the preloaded modules came from.
+STDLIB = pycage_stdlib.build(os.path.dirname(importlib.import_module("textwrap").__file__), sys.modules)
+if len(STDLIB.names()) < 200:
+    raise RuntimeError(f"only {len(STDLIB.names())} modules of the standard library were stored")
+pycage_stdlib.install(STDLIB)
 
 pycage_runner.install_event_loop()
 

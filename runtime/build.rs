@@ -24,7 +24,7 @@ mod link;
 const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 const ENV_COMPONENT: &str = "PYCAGE_COMPONENT";
 const ENV_PYTHON: &str = "PYCAGE_PYTHON";
-const GUEST_FILES: &[&str] = &["pycage_runner.py", "pycage_wasm.py"];
+const GUEST_FILES: &[&str] = &["pycage_runner.py", "pycage_stdlib.py", "pycage_wasm.py"];
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
