@@ -363,13 +363,15 @@ async fn memory_within_the_limit_is_usable() {
 
 /// The interpreter's snapshot occupies the start of the guest's memory; what the build leaves
 /// there (see `_finish_snapshot` in `guest-python/pycage_wasm.py`) is taken from every run.
-/// Under the smallest memory limit, a run still gets 36 MiB in one piece (38 today).
+/// Under the smallest memory limit, a run still gets 35 MiB in one piece (35.5 today: 38
+/// before the rest of the standard library was compiled into the snapshot, 2.3 MiB of
+/// compressed code; see `guest-python/pycage_stdlib.py`).
 #[tokio::test]
 async fn the_smallest_memory_limit_leaves_room_for_a_large_buffer() {
     let limits = Limits::builder().memory_bytes(64 << 20).build().unwrap();
-    let r = run_limited("x = bytearray(36 << 20)\nreturn len(x)", limits).await;
+    let r = run_limited("x = bytearray(35 << 20)\nreturn len(x)", limits).await;
     assert!(r.ok, "{r:#?}");
-    assert_eq!(r.value, json!(36 << 20));
+    assert_eq!(r.value, json!(35 << 20));
 }
 
 #[tokio::test]
@@ -455,7 +457,12 @@ async fn sockets_to_loopback_fail_and_nothing_connects() {
         "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{port}/')"
     ))
     .await;
-    assert!(!r.ok);
+    // urllib wraps the socket's denial as its users expect.
+    let message = &r.error.as_ref().expect("the run failed").message;
+    assert!(
+        message.contains("URLError") && message.contains("Permission denied"),
+        "{r:#?}"
+    );
     let r = run("import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)").await;
     assert_kind(&r, ErrorKind::CapabilityDenied);
     // A denial the code catches is its business; the run goes on.

@@ -33,7 +33,7 @@ mod probe;
 mod signature;
 mod text;
 
-pub use probe::{Environment, PROBED_MODULES, PROBED_PACKAGES};
+pub use probe::{Environment, PROBED_PACKAGES, STDLIB_MODULES};
 
 /// The tool name a description gives by default.
 pub const DEFAULT_TOOL_NAME: &str = "run_python";

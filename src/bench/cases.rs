@@ -89,6 +89,27 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
             target: (case == "compute_sum_squares").then_some("<= 2x native"),
         });
     }
+    // The first import, in a fresh sandbox, of a module of the standard library that is not
+    // preloaded (the guest unmarshals and runs it), against one that is.
+    for (case, module) in [
+        ("import_on_demand_pickle", "pickle"),
+        ("import_on_demand_configparser", "configparser"),
+    ] {
+        if wanted(case) {
+            let n = s.iterations.clamp(5, 200);
+            let work = format!("import {module}");
+            rows.push(Row {
+                case,
+                unit: "us",
+                pycage: Figure::Latency(in_guest_seconds(&fresh, "", &work, n).await?),
+                baseline: Some(Baseline {
+                    name: "`import json`, preloaded (in-guest time)".into(),
+                    figure: Figure::Latency(in_guest_seconds(&fresh, "", "import json", n).await?),
+                }),
+                target: Some("preloaded: free"),
+            });
+        }
+    }
     if wanted("session_run") {
         // A run in a live session, against a fresh sandbox's `pass` on the same engine,
         // interleaved so both see the same machine.

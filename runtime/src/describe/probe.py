@@ -6,8 +6,9 @@ import importlib
 import importlib.util
 import os
 import sys
+import warnings
 
-NOTABLE = _probe_notable
+STDLIB = _probe_stdlib
 THIRD_PARTY = _probe_third_party
 INPUT = _probe_input
 OUTPUT = _probe_output
@@ -15,10 +16,23 @@ OUTPUT = _probe_output
 
 def importable(name):
     try:
-        importlib.import_module(name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # 3.11's deprecated modules warn on import
+            importlib.import_module(name)
         return True
     except Exception:
         return False
+
+
+def unavailable_modules():
+    """The host's names that this interpreter has in its library and cannot import. `this`
+    and `antigravity` do more than import (one prints, one opens a web browser), and Windows'
+    own modules are no news elsewhere."""
+    skip = {"this", "antigravity"}
+    if sys.platform != "win32":
+        skip |= {"msvcrt", "nt", "winreg", "winsound", "msilib"}
+    names = [m for m in STDLIB if m in sys.stdlib_module_names and m not in skip]
+    return [m for m in names if not importable(m)]
 
 
 def installed(name):
@@ -87,7 +101,7 @@ return {
     "python_version": "%d.%d.%d" % sys.version_info[:3],
     "implementation": sys.implementation.name,
     "platform": sys.platform,
-    "unavailable_modules": [m for m in NOTABLE if not importable(m)],
+    "unavailable_modules": unavailable_modules(),
     "third_party": [m for m in THIRD_PARTY if installed(m)],
     "subprocesses": starts_process(),
     "threads": starts_thread(),

@@ -11,34 +11,39 @@ use serde_json::{Map, Value, json};
 use super::DescribeError;
 use crate::{ErrorKind, InputFile, Limits, RunRequest, RunResult, Runner};
 
-/// The notable modules the probe tries to import: the text names those that fail (the rest
-/// of the standard library is described as a whole).
-pub const PROBED_MODULES: &[&str] = &[
-    "asyncio",
-    "collections",
-    "csv",
-    "ctypes",
-    "datetime",
-    "decimal",
-    "fractions",
-    "functools",
-    "hashlib",
-    "itertools",
-    "json",
-    "math",
-    "multiprocessing",
-    "random",
-    "re",
-    "socket",
-    "sqlite3",
-    "ssl",
-    "statistics",
-    "subprocess",
-    "threading",
-    "typing",
-    "urllib.request",
-    "zlib",
-    "zoneinfo",
+/// The public top-level modules of CPython's standard library, 3.11 to 3.14 (the union of
+/// their `sys.stdlib_module_names` without the private `_` names). The probe tries to import
+/// each that its interpreter names (but `this` and `antigravity`, which do more than import,
+/// and the Windows-only modules elsewhere), and the text names those that fail: what cannot be
+/// imported, since everything else can.
+#[rustfmt::skip]
+pub const STDLIB_MODULES: &[&str] = &[
+    "abc", "aifc", "annotationlib", "antigravity", "argparse", "array", "ast", "asynchat",
+    "asyncio", "asyncore", "atexit", "audioop", "base64", "bdb", "binascii", "bisect", "builtins",
+    "bz2", "cProfile", "calendar", "cgi", "cgitb", "chunk", "cmath", "cmd", "code", "codecs",
+    "codeop", "collections", "colorsys", "compileall", "compression", "concurrent", "configparser",
+    "contextlib", "contextvars", "copy", "copyreg", "crypt", "csv", "ctypes", "curses",
+    "dataclasses", "datetime", "dbm", "decimal", "difflib", "dis", "distutils", "doctest", "email",
+    "encodings", "ensurepip", "enum", "errno", "faulthandler", "fcntl", "filecmp", "fileinput",
+    "fnmatch", "fractions", "ftplib", "functools", "gc", "genericpath", "getopt", "getpass",
+    "gettext", "glob", "graphlib", "grp", "gzip", "hashlib", "heapq", "hmac", "html", "http",
+    "idlelib", "imaplib", "imghdr", "imp", "importlib", "inspect", "io", "ipaddress", "itertools",
+    "json", "keyword", "lib2to3", "linecache", "locale", "logging", "lzma", "mailbox", "mailcap",
+    "marshal", "math", "mimetypes", "mmap", "modulefinder", "msilib", "msvcrt", "multiprocessing",
+    "netrc", "nis", "nntplib", "nt", "ntpath", "nturl2path", "numbers", "opcode", "operator",
+    "optparse", "os", "ossaudiodev", "pathlib", "pdb", "pickle", "pickletools", "pipes", "pkgutil",
+    "platform", "plistlib", "poplib", "posix", "posixpath", "pprint", "profile", "pstats", "pty",
+    "pwd", "py_compile", "pyclbr", "pydoc", "pydoc_data", "pyexpat", "queue", "quopri", "random",
+    "re", "readline", "reprlib", "resource", "rlcompleter", "runpy", "sched", "secrets", "select",
+    "selectors", "shelve", "shlex", "shutil", "signal", "site", "smtpd", "smtplib", "sndhdr",
+    "socket", "socketserver", "spwd", "sqlite3", "sre_compile", "sre_constants", "sre_parse", "ssl",
+    "stat", "statistics", "string", "stringprep", "struct", "subprocess", "sunau", "symtable",
+    "sys", "sysconfig", "syslog", "tabnanny", "tarfile", "telnetlib", "tempfile", "termios",
+    "textwrap", "this", "threading", "time", "timeit", "tkinter", "token", "tokenize", "tomllib",
+    "trace", "traceback", "tracemalloc", "tty", "turtle", "turtledemo", "types", "typing",
+    "unicodedata", "unittest", "urllib", "uu", "uuid", "venv", "warnings", "wave", "weakref",
+    "webbrowser", "winreg", "winsound", "wsgiref", "xdrlib", "xml", "xmlrpc", "zipapp", "zipfile",
+    "zipimport", "zlib", "zoneinfo",
 ];
 
 /// The third-party packages the probe looks for (found, not imported: importing them costs
@@ -70,7 +75,7 @@ pub struct Environment {
     pub implementation: String,
     /// `sys.platform` (`wasi`, `linux`).
     pub platform: String,
-    /// The modules of [`PROBED_MODULES`] that do not import.
+    /// The modules of [`STDLIB_MODULES`] that do not import.
     pub unavailable_modules: Vec<String>,
     /// The packages of [`PROBED_PACKAGES`] that are installed.
     pub third_party: Vec<String>,
@@ -121,7 +126,7 @@ pub(crate) async fn probe(runner: &Runner) -> Result<Environment, DescribeError>
 fn request(with_input: bool) -> RunRequest {
     let names = |list: &[&str]| Value::from(list.to_vec());
     let mut vars = Map::new();
-    vars.insert("_probe_notable".into(), names(PROBED_MODULES));
+    vars.insert("_probe_stdlib".into(), names(STDLIB_MODULES));
     vars.insert("_probe_third_party".into(), names(PROBED_PACKAGES));
     vars.insert(
         "_probe_input".into(),
@@ -167,7 +172,7 @@ pub(crate) fn read(result: RunResult, gave_input: bool) -> Result<Environment, D
         python_version: answer.python_version,
         implementation: answer.implementation,
         platform: answer.platform,
-        unavailable_modules: known(PROBED_MODULES, &answer.unavailable_modules),
+        unavailable_modules: known(STDLIB_MODULES, &answer.unavailable_modules),
         third_party: known(PROBED_PACKAGES, &answer.third_party),
         subprocesses: answer.subprocesses,
         threads: answer.threads,

@@ -45,7 +45,7 @@ fn environment(out: &mut String, env: &Environment) {
     } else {
         let _ = writeln!(
             out,
-            "- The standard library can be imported, except notably: {}.",
+            "- The standard library can be imported, except {}.",
             code_list(&env.unavailable_modules)
         );
     }
