@@ -160,12 +160,9 @@ def build(root, loaded):
     that no run could have in one piece.
     """
     index = {}
-    # Largest first: what compiling one module leaves free below the top of the heap, the
-    # compressed code of the smaller ones after it fills, instead of lying empty in the
-    # snapshot.
-    todo = [(n, p, path) for n, p, path in _sources(root) if n not in loaded]
-    todo.sort(key=lambda item: os.path.getsize(item[2]), reverse=True)
-    for name, is_package, path in todo:
+    for name, is_package, path in _sources(root):
+        if name in loaded:
+            continue
         with open(path, "rb") as f:
             source = f.read()
         code = marshal.dumps(compile(source, path, "exec", dont_inherit=True))

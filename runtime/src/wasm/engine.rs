@@ -108,7 +108,7 @@ impl SlotReset {
 
 /// The pooling allocator, sized for the CPython guest: instances, memories, tables and fiber
 /// stacks come from slots reserved once, so creating an instance maps memory instead of
-/// allocating it, and the guest's 28 MiB heap snapshot is a copy-on-write image.
+/// allocating it, and the guest's 30 MiB heap snapshot is a copy-on-write image.
 fn pooling(max_instances: u32, reset: SlotReset) -> PoolingAllocationConfig {
     let mut p = PoolingAllocationConfig::new();
     p.total_component_instances(max_instances)
