@@ -23,7 +23,7 @@ from wit_world.exports import guest as contract
 from wit_world.imports import host
 
 # Marks the table of snapshot objects for the build (`_immortal_table`); four words, so it is
-# aligned like the rest of the table. Keep in step with `runtime/build.rs`.
+# aligned like the rest of the table. Keep in step with `guest-build/src/snapshot.rs`.
 _IMMORTAL_MAGIC = (0x79637970, 0x6D696567, 0x74726F6D, 0x31766C61)
 
 # What `_finish_snapshot` leaves in the snapshot, named here so that assigning them later
@@ -417,7 +417,7 @@ def _immortal_table(objects):
     is a copy-on-write fault on a snapshot page. CPython never writes the count of an immortal
     object (one whose count is at least 2**30 on a 32-bit build). componentize-py offers no
     way to set it from Python, so this records where each object is, and the build (see
-    `runtime/build.rs`) sets the counts in the snapshot's data. The record: a magic word, the
+    `guest-build/src/snapshot.rs`) sets the counts in the snapshot's data. The record: a magic word, the
     number of objects, then each object's address and its type's address (the build checks
     both before it writes), then the count again, inverted, as an end mark.
     """

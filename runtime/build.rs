@@ -1,11 +1,12 @@
 //! Builds the Python guest component and embeds it in the library.
 //!
 //! By default this installs the pinned componentize-py into a private virtualenv under the
-//! target directory (once) and runs it on `guest-python/` and `wit/`, then works on its
-//! output: raises the WASI parser's nesting limit, makes the heap snapshot's objects immortal,
-//! and links the guest's libraries into one core module (`build/link`). Setting
-//! `PYCAGE_COMPONENT` to a prebuilt component skips all of that: it is used as it is.
-//! `PYCAGE_PYTHON` picks the Python that creates the virtualenv (default `python3`).
+//! target directory (once, by version and hash: `guest-build/componentize-py.lock`), runs it
+//! on `guest-python/` and `wit/`, and takes pycage's steps on its output
+//! ([`pycage_guest::finish`]: the parser's nesting limit raised, the heap snapshot made
+//! immortal, the guest's libraries linked into one core module). Setting `PYCAGE_COMPONENT`
+//! to a prebuilt component skips all of that: it is used as it is. `PYCAGE_PYTHON` picks the
+//! Python that creates the virtualenv (default `python3`).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -13,18 +14,15 @@
 )]
 
 use std::env;
+use std::ffi::OsString;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-#[path = "build/link/mod.rs"]
-mod link;
+use pycage_guest::{APP, GUEST_FILES, Toolchain, WORLD};
 
-const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 const ENV_COMPONENT: &str = "PYCAGE_COMPONENT";
 const ENV_PYTHON: &str = "PYCAGE_PYTHON";
-const GUEST_FILES: &[&str] = &["pycage_runner.py", "pycage_stdlib.py", "pycage_wasm.py"];
 
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
@@ -58,11 +56,8 @@ fn main() {
         None => {
             build_component(&out, &guest_dir, &wit_dir, &component);
             // componentize-py's output, worked on in memory and written once.
-            let mut bytes = read_component(&component);
-            raise_parser_depth(&mut bytes);
-            immortalize_snapshot(&mut bytes);
-            let bytes = link::link_libraries(&bytes)
-                .unwrap_or_else(|e| fail(&format!("linking the guest's libraries: {e}")));
+            let bytes = pycage_guest::finish(&read_component(&component))
+                .unwrap_or_else(|e| fail(e.message()));
             fs::write(&component, &bytes)
                 .unwrap_or_else(|e| fail(&format!("writing component: {e}")));
             bytes
@@ -77,7 +72,11 @@ fn main() {
 
 fn build_component(out: &Path, guest_dir: &Path, wit_dir: &Path, component: &Path) {
     let venv = target_dir(out).join("pycage-guest").join("venv");
-    let componentize = ensure_componentize_py(&venv);
+    let python = env::var_os(ENV_PYTHON).unwrap_or_else(|| OsString::from("python3"));
+    let toolchain = Toolchain::ensure(&venv, &python, |what| {
+        println!("cargo:warning={what}");
+    })
+    .unwrap_or_else(|e| fail(e.message()));
 
     // Build from a copy: componentize-py imports the app at build time, and the bytecode it
     // writes next to the sources would otherwise retrigger this build script.
@@ -88,336 +87,16 @@ fn build_component(out: &Path, guest_dir: &Path, wit_dir: &Path, component: &Pat
         fs::copy(guest_dir.join(file), src.join(file))
             .unwrap_or_else(|e| fail(&format!("copying guest-python/{file}: {e}")));
     }
-
-    let status = Command::new(&componentize)
-        .arg("-d")
-        .arg(wit_dir)
-        .args(["-w", "sandbox", "componentize", "pycage_wasm", "-p"])
-        .arg(&src)
-        .arg("-o")
-        .arg(component)
-        .env_remove("VIRTUAL_ENV")
-        .current_dir(&src)
-        .status()
-        .unwrap_or_else(|e| fail(&format!("running componentize-py: {e}")));
-    if !status.success() {
-        fail(&format!(
-            "componentize-py failed ({status}); see its output above"
-        ));
-    }
-}
-
-/// CPython's parser for WASI is built with `MAXSTACK` 4000 (6000 elsewhere): each parser rule
-/// counts its depth against that constant, which stops at about 143 nested parentheses,
-/// where native CPython accepts the tokenizer's limit of 200. Since Python 3.14 every rule also
-/// checks the real C stack right after the counter (`p->level++ == MAXSTACK ||
-/// _Py_ReachedRecursionLimitWithMargin(...)`), so the counter is not what keeps the stack
-/// safe. This patch gives the WASI parser the native constant: in each rule's check, the
-/// `i32.const 4000; i32.eq; br_if 0; call` sequence becomes `i32.const 6000` (both constants
-/// are two-byte LEB128, so the binary keeps its layout). The guest's stack guard still ends
-/// deeper nesting with a clean error.
-fn raise_parser_depth(bytes: &mut [u8]) {
-    use wasmparser::{Operator, Parser, Payload};
-    const OLD: i32 = 4000;
-    const NEW: [u8; 2] = [0xf0, 0x2e]; // LEB128 of 6000
-    let mut sites = Vec::new();
-    for payload in Parser::new(0).parse_all(bytes) {
-        let Ok(Payload::CodeSectionEntry(body)) = payload else {
-            continue;
-        };
-        let Ok(reader) = body.get_operators_reader() else {
-            continue;
-        };
-        let ops: Vec<(Operator, usize)> = reader
-            .into_iter_with_offsets()
-            .filter_map(Result::ok)
-            .collect();
-        for w in ops.windows(4) {
-            if let [
-                (Operator::I32Const { value: OLD }, at),
-                (Operator::I32Eq, _),
-                (Operator::BrIf { relative_depth: 0 }, _),
-                (Operator::Call { .. }, _),
-            ] = w
-            {
-                sites.push(*at);
-            }
-        }
-    }
-    // componentize-py 0.25.1 has one site per parser rule; far fewer means the pattern no
-    // longer describes this interpreter, and patching blindly would be wrong.
-    if sites.len() < 300 {
-        fail(&format!(
-            "found {} parser depth checks to raise; expected about 485",
-            sites.len()
-        ));
-    }
-    for at in sites {
-        if bytes[at..at + 3] != [0x41, 0xa0, 0x1f] {
-            fail(&format!(
-                "unexpected bytes at offset {at} while raising the parser depth"
-            ));
-        }
-        bytes[at + 1..at + 3].copy_from_slice(&NEW);
-    }
+    // The guest sees no site-packages: an empty virtualenv stands in for the host's.
+    let no_packages = out.join("no-packages");
+    fs::create_dir_all(no_packages.join("lib").join("site-packages")).expect("OUT_DIR is writable");
+    toolchain
+        .componentize(wit_dir, WORLD, APP, &[&src], &no_packages, component)
+        .unwrap_or_else(|e| fail(e.message()));
 }
 
 fn read_component(path: &Path) -> Vec<u8> {
     fs::read(path).unwrap_or_else(|e| fail(&format!("reading component: {e}")))
-}
-
-/// The table `guest-python/pycage_wasm.py` leaves in the snapshot starts with these words.
-const IMMORTAL_MAGIC: [u32; 4] = [0x79637970, 0x6D696567, 0x74726F6D, 0x31766C61];
-
-/// [`IMMORTAL_MAGIC`] as it lies in the guest's (little-endian) memory.
-fn immortal_magic_bytes() -> Vec<u8> {
-    IMMORTAL_MAGIC
-        .iter()
-        .flat_map(|w| w.to_le_bytes())
-        .collect()
-}
-
-/// CPython 3.14's `_Py_IMMORTAL_INITIAL_REFCNT` on a 32-bit build (the count its own
-/// `_Py_SetImmortal` gives heap objects; 3.12 and 3.13 used `3 << 29`, which 3.14 reads as a
-/// statically allocated object), and the least count it treats as immortal
-/// (`_Py_IMMORTAL_MINIMUM_REFCNT`).
-const IMMORTAL_REFCNT: u32 = 5 << 28;
-const IMMORTAL_MINIMUM: u32 = 1 << 30;
-
-/// Makes the snapshot's objects immortal, so a run never writes their reference counts.
-///
-/// A run that calls a function, reads a global or creates an instance increments and
-/// decrements the counts of snapshot objects, and each first write to a snapshot page is a
-/// copy-on-write fault, which the slot's reset must then undo. CPython skips the count of an
-/// immortal object. The guest lists its objects at build time (`_immortal_table` in
-/// `guest-python/pycage_wasm.py`): each object's address and its type's. Here each count in
-/// the snapshot's data segments is set to CPython's immortal value, after checking that the
-/// word after it (`ob_type`) is the listed type; any mismatch fails the build. The data keeps
-/// its length, so the binary keeps its layout. Objects a run creates stay mortal; snapshot
-/// objects are never freed, which costs nothing: an instance serves one run and is dropped.
-fn immortalize_snapshot(bytes: &mut [u8]) {
-    let image = Image::of_snapshot(bytes);
-    let at = image.find_table();
-    let n = image.read(at + 16);
-    let mut made = 0usize;
-    let mut already = 0usize;
-    let mut unwritable = 0usize;
-    // Objects the interpreter made immortal itself, at the count this code writes.
-    let mut same_count = 0usize;
-    for i in 0..n {
-        let entry = at + 20 + 8 * i;
-        let (object, ty) = (image.read(entry), image.read(entry + 4));
-        if image.read(object + 4) != ty {
-            fail(&format!(
-                "snapshot object {i} of {n} at {object:#x} does not have its listed type {ty:#x}"
-            ));
-        }
-        match image.read(object) {
-            0 => fail(&format!("snapshot object at {object:#x} has no references")),
-            count if count >= IMMORTAL_MINIMUM => {
-                already += 1;
-                same_count += usize::from(count == IMMORTAL_REFCNT);
-            }
-            _ if image.write(bytes, object, IMMORTAL_REFCNT) => made += 1,
-            _ => unwritable += 1,
-        }
-    }
-    // Nearly every object should have been made immortal here; far fewer means the table
-    // or this interpreter's layout is not what this code expects.
-    if made < (n as usize) / 2 {
-        fail(&format!(
-            "made {made} of {n} snapshot objects immortal ({already} already were, \
-             {unwritable} lie outside the data segments)"
-        ));
-    }
-    // The interpreter's own heap objects made immortal (interned strings) carry its count;
-    // none at this one means this is not the interpreter the constant was taken from.
-    if same_count == 0 {
-        fail(&format!(
-            "none of the {already} objects the interpreter made immortal has the count \
-             {IMMORTAL_REFCNT:#x}; its immortal count has changed"
-        ));
-    }
-}
-
-/// The guest heap's initial contents: the active data segments, at constant addresses, of
-/// the one core module that holds the immortal table. Bytes no segment covers are zero.
-struct Image {
-    /// (memory address, offset in the component, length), sorted by address.
-    segments: Vec<(u32, usize, usize)>,
-    /// The component's bytes, as read.
-    bytes: Vec<u8>,
-}
-
-impl Image {
-    fn of_snapshot(bytes: &[u8]) -> Image {
-        use wasmparser::{DataKind, Encoding, Operator, Parser, Payload};
-        let base = bytes.as_ptr() as usize;
-        let mut modules: Vec<Vec<(u32, usize, usize)>> = Vec::new();
-        for payload in Parser::new(0).parse_all(bytes) {
-            match payload {
-                Ok(Payload::Version {
-                    encoding: Encoding::Module,
-                    ..
-                }) => modules.push(Vec::new()),
-                Ok(Payload::DataSection(reader)) => {
-                    let Some(segments) = modules.last_mut() else {
-                        fail("a data section outside any core module")
-                    };
-                    for data in reader {
-                        let data = data.unwrap_or_else(|e| fail(&format!("data segment: {e}")));
-                        let DataKind::Active {
-                            memory_index: 0,
-                            offset_expr,
-                        } = data.kind
-                        else {
-                            continue;
-                        };
-                        if let Ok(Operator::I32Const { value }) =
-                            offset_expr.get_operators_reader().read()
-                        {
-                            let offset = data.data.as_ptr() as usize - base;
-                            segments.push((value as u32, offset, data.data.len()));
-                        }
-                    }
-                }
-                Ok(_) => {}
-                Err(e) => fail(&format!("parsing the component: {e}")),
-            }
-        }
-        let magic = immortal_magic_bytes();
-        let mut holders = modules.into_iter().filter(|segments| {
-            segments
-                .iter()
-                .any(|&(_, at, len)| bytes[at..at + len].windows(16).any(|w| w == magic))
-        });
-        let (Some(mut segments), None) = (holders.next(), holders.next()) else {
-            fail(
-                "expected exactly one core module with the immortal table in its data (the \
-                 guest writes it when componentize-py looks up `random.seed` at build time; \
-                 see `_finish_at_last_lookup` in guest-python/pycage_wasm.py)",
-            )
-        };
-        segments.sort_unstable();
-        if segments
-            .windows(2)
-            .any(|w| w[0].0 as usize + w[0].2 > w[1].0 as usize)
-        {
-            fail("the snapshot's data segments overlap");
-        }
-        Image {
-            segments,
-            bytes: bytes.to_vec(),
-        }
-    }
-
-    /// Where in the component the byte at `addr` is stored, if a segment covers it.
-    fn locate(&self, addr: u32) -> Option<usize> {
-        let i = self
-            .segments
-            .partition_point(|&(start, _, _)| start <= addr);
-        let &(start, at, len) = self.segments.get(i.checked_sub(1)?)?;
-        let delta = (addr - start) as usize;
-        (delta < len).then_some(at + delta)
-    }
-
-    fn read(&self, addr: u32) -> u32 {
-        let mut word = [0u8; 4];
-        for (k, b) in word.iter_mut().enumerate() {
-            if let Some(at) = addr.checked_add(k as u32).and_then(|a| self.locate(a)) {
-                *b = self.bytes[at];
-            }
-        }
-        u32::from_le_bytes(word)
-    }
-
-    /// Writes `value` at `addr` in `out` (the component), if every byte that must change is
-    /// covered by a segment; returns whether it did.
-    fn write(&self, out: &mut [u8], addr: u32, value: u32) -> bool {
-        let places: Vec<Option<usize>> = (0..4)
-            .map(|k| addr.checked_add(k).and_then(|a| self.locate(a)))
-            .collect();
-        let value = value.to_le_bytes();
-        if places.iter().zip(value).any(|(p, b)| p.is_none() && b != 0) {
-            return false;
-        }
-        for (place, b) in places.into_iter().zip(value) {
-            if let Some(at) = place {
-                out[at] = b;
-            }
-        }
-        true
-    }
-
-    /// The address of the one complete table: the magic, a count `n`, `n` pairs, then `!n`.
-    /// Freed memory can hold stale starts of it; only one has the end mark where it belongs.
-    fn find_table(&self) -> u32 {
-        let magic = immortal_magic_bytes();
-        let mut found = Vec::new();
-        for &(start, at, len) in &self.segments {
-            for (pos, w) in self.bytes[at..at + len].windows(16).enumerate() {
-                if w != magic {
-                    continue;
-                }
-                let table = start + pos as u32;
-                let n = self.read(table + 16);
-                if n < 1 << 24 && self.read(table + 20 + 8 * n) == !n {
-                    found.push(table);
-                }
-            }
-        }
-        match found[..] {
-            [table] => table,
-            _ => fail(&format!(
-                "expected one immortal table in the snapshot, found {}",
-                found.len()
-            )),
-        }
-    }
-}
-
-/// The virtualenv's componentize-py, installing it first when missing or of another version.
-fn ensure_componentize_py(venv: &Path) -> PathBuf {
-    let bin = venv.join("bin");
-    let componentize = bin.join("componentize-py");
-    let stamp = venv.join("pycage-installed.txt");
-    if fs::read_to_string(&stamp).ok().as_deref() == Some(COMPONENTIZE_PY) && componentize.exists()
-    {
-        return componentize;
-    }
-    let python = env::var(ENV_PYTHON).unwrap_or_else(|_| "python3".into());
-    println!(
-        "cargo:warning=installing {COMPONENTIZE_PY} into {} (once)",
-        venv.display()
-    );
-    run(
-        Command::new(&python)
-            .args(["-m", "venv", "--clear"])
-            .arg(venv),
-        "creating the virtualenv",
-    );
-    run(
-        Command::new(bin.join("python"))
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .arg(COMPONENTIZE_PY),
-        "installing componentize-py",
-    );
-    fs::write(&stamp, COMPONENTIZE_PY).expect("the virtualenv is writable");
-    componentize
-}
-
-fn run(cmd: &mut Command, what: &str) {
-    match cmd.status() {
-        Ok(s) if s.success() => {}
-        Ok(s) => fail(&format!("{what} failed ({s})")),
-        Err(e) => fail(&format!("{what}: {e}")),
-    }
 }
 
 /// `<target>/<profile>` from `<target>/<profile>/build/<pkg>-<hash>/out`.

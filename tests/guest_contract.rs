@@ -163,7 +163,7 @@ async fn a_run_allocates_above_the_snapshot() {
 }
 
 /// The snapshot's objects are immortal (the build sets their reference counts, see
-/// `immortalize_snapshot` in `runtime/build.rs`), so a run that uses them never writes their
+/// `immortalize_snapshot` in `guest-build/src/snapshot.rs`), so a run that uses them never writes their
 /// pages. What a run creates stays mortal: it is freed, collected and finalized as usual.
 #[tokio::test]
 async fn the_snapshot_is_immortal_and_what_a_run_creates_is_not() {

@@ -1,4 +1,4 @@
-//! The embedded guest is linked for cheap instantiation (see `runtime/build/link/mod.rs`).
+//! The embedded guest is linked for cheap instantiation (see `guest-build/src/link/mod.rs`).
 
 use wasmparser::{ElementItems, ElementKind, Encoding, Operator, Parser, Payload, TypeRef};
 

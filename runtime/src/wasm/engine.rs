@@ -22,7 +22,7 @@ const KEEP_RESIDENT_BYTES: usize = 32 << 20;
 const CORE_INSTANCES_PER_GUEST: u32 = 32;
 
 /// Tables in one guest component: the guest's function table (owned by its code, so wasmtime
-/// fills it lazily; see `runtime/build/link/mod.rs`), the table the heap snapshot's module
+/// fills it lazily; see `guest-build/src/link/mod.rs`), the table the heap snapshot's module
 /// keeps for a few trampolines, and the import shim's.
 const TABLES_PER_GUEST: u32 = 3;
 
@@ -71,7 +71,7 @@ pub(crate) fn config(meter_fuel: bool, deterministic: bool) -> Config {
         // future holds the store, so memories never move (`super::interrupt`).
         .memory_may_move(false);
     // No `compiler_inlining`: with the guest's libraries linked into one module
-    // (`runtime/build/link`), Cranelift could inline across what were library calls, and the
+    // (`guest-build/src/link`), Cranelift could inline across what were library calls, and the
     // compute case ran 15% faster (metered 177-183 -> 151-154 ms, side by side), but the
     // first compile took 23 s instead of 6 s and 8.2 GB of memory instead of 0.4 GB (4.2 GB
     // and 9% faster with the callee-size limit at 500), a poor trade for the desktops and edge
