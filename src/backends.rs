@@ -1,23 +1,32 @@
 //! `pycage backends`, and the backends `--backend` names.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use pycage::os::BACKEND_NAMES;
-use pycage::{Availability, Backend, BackendOptions, Unavailable, WasmBackend, backend_by_name};
+use pycage::{
+    Availability, Backend, BackendOptions, Guest, Unavailable, WasmBackend, backend_by_name,
+};
 use serde_json::json;
 
 use crate::cli::BackendsArgs;
 use crate::exit::Exit;
 
 /// The backend called `name`, and the wasm backend when it is that one (for the first-run
-/// notice); deterministic with `seed` (the wasm backend only).
+/// notice); deterministic with `seed` and running `guest` (the wasm backend only).
 pub fn by_name(
     name: &str,
     seed: Option<u64>,
+    guest: Option<&Path>,
 ) -> Result<(Arc<dyn Backend>, Option<WasmBackend>), String> {
     if seed.is_some() && name != "wasm" {
         return Err(format!(
             "--deterministic needs the wasm backend; `{name}` runs on the host's clocks and entropy"
+        ));
+    }
+    if guest.is_some() && name != "wasm" {
+        return Err(format!(
+            "--guest needs the wasm backend; `{name}` runs the host's own Python"
         ));
     }
     let mut options = BackendOptions::new();
@@ -26,6 +35,10 @@ pub fn by_name(
         let mut builder = WasmBackend::builder().max_instances(2);
         if let Some(seed) = seed {
             builder = builder.deterministic(seed);
+        }
+        if let Some(path) = guest {
+            let guest = Guest::from_path(path).map_err(|e| format!("--guest: {e}"))?;
+            builder = builder.guest(guest);
         }
         let wasm = builder.build().map_err(|e| e.to_string())?;
         options = options.wasm(wasm.clone());
@@ -42,7 +55,7 @@ pub fn list(args: BackendsArgs) -> Exit {
     let rows: Vec<_> = BACKEND_NAMES
         .iter()
         .map(|name| {
-            let (isolation, sessions, availability) = match by_name(name, None) {
+            let (isolation, sessions, availability) = match by_name(name, None, None) {
                 Ok((backend, w)) => {
                     if w.is_some() {
                         wasm = w;

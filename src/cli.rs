@@ -420,6 +420,12 @@ pub struct SandboxArgs {
     /// The seed of a deterministic run's random bytes (implies --deterministic) [default: 0].
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
+
+    /// Run this guest instead of the built-in one (wasm backend): a guest file with packages
+    /// baked in, checked before use (its digest, the pycage version that built it, and its
+    /// imports) [default: the built-in guest].
+    #[arg(long, value_name = "FILE")]
+    pub guest: Option<std::path::PathBuf>,
 }
 
 impl SandboxArgs {

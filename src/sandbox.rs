@@ -48,8 +48,11 @@ pub fn runner(
     limits: Limits,
     journal_key: Option<JournalKey>,
 ) -> Result<(Runner, Option<WasmBackend>), String> {
-    let (backend, wasm) =
-        backends::by_name(args.backend.as_deref().unwrap_or("wasm"), args.seed())?;
+    let (backend, wasm) = backends::by_name(
+        args.backend.as_deref().unwrap_or("wasm"),
+        args.seed(),
+        args.guest.as_deref(),
+    )?;
     let mut builder = Runner::builder()
         .backend(backend)
         .tools(tools)

@@ -62,7 +62,7 @@ pub use render::MODEL_TEXT_BYTES;
 pub use result::{ErrorKind, RunError, RunResult, RunResultBuilder};
 pub use runner::{BuildError, RunRequest, Runner, RunnerBuilder};
 pub use session::{Session, SessionConfig, SessionId, SessionManager};
-pub use wasm::{ArtifactSource, WasmBackend, WasmBackendBuilder, WasmError};
+pub use wasm::{ArtifactSource, Guest, GuestError, WasmBackend, WasmBackendBuilder, WasmError};
 
 /// The README's Rust code blocks, compiled as doc tests so they cannot rot.
 #[cfg(doctest)]

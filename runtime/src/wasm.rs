@@ -18,6 +18,7 @@ mod component_tests;
 mod engine;
 mod error;
 mod fs;
+pub mod guest;
 mod instance;
 mod interrupt;
 mod linker;
@@ -34,6 +35,7 @@ use wasmtime::Engine;
 
 pub use self::cache::{ArtifactSource, ENV_CACHE_DIR, default_cache_dir};
 pub use self::error::WasmError;
+pub use self::guest::{Guest, GuestError, GuestManifest};
 pub use self::linker::CapabilityDenied;
 
 use self::bindings::{SandboxIndices, SandboxPre};
@@ -97,6 +99,7 @@ pub struct WasmBackendBuilder {
     reset_in_place: bool,
     /// Deterministic mode's seed (`None`: not deterministic).
     seed: Option<u64>,
+    guest: Guest,
 }
 
 impl Default for WasmBackendBuilder {
@@ -108,6 +111,7 @@ impl Default for WasmBackendBuilder {
             meter_fuel: true,
             reset_in_place: true,
             seed: None,
+            guest: Guest::builtin(),
         }
     }
 }
@@ -175,6 +179,15 @@ impl WasmBackendBuilder {
         self
     }
 
+    /// Runs `guest` instead of the guest built into this library (default
+    /// [`Guest::builtin`]): one with packages baked in, built by `pycage guest build` and
+    /// checked by [`Guest::from_path`]. Its compiled artifact is cached by its digest, as the
+    /// built-in guest's is.
+    pub fn guest(mut self, guest: Guest) -> Self {
+        self.guest = guest;
+        self
+    }
+
     /// Creates the backend (the guest itself is loaded on first use, or by
     /// [`WasmBackend::prepare`]).
     ///
@@ -234,14 +247,20 @@ impl WasmBackend {
 
     /// Where this backend's compiled artifact lives (or would live) in the cache.
     pub fn artifact_path(&self) -> Option<PathBuf> {
+        let digest = self.guest().digest();
         self.cache_dir()
-            .map(|dir| cache::artifact_path(dir, &self.inner.engine, COMPONENT_DIGEST))
+            .map(|dir| cache::artifact_path(dir, &self.inner.engine, digest))
     }
 
     /// True when a compiled artifact for the guest is in the cache, so preparing is fast.
     pub fn is_cached(&self) -> bool {
         self.inner.prepared.initialized()
-            || cache::is_cached(&self.inner.engine, COMPONENT_DIGEST, self.cache_dir())
+            || cache::is_cached(&self.inner.engine, self.guest().digest(), self.cache_dir())
+    }
+
+    /// The guest this backend runs.
+    pub fn guest(&self) -> &Guest {
+        &self.inner.settings.guest
     }
 
     /// Whether used instances' memory slots are reset in place (the snapshot copied back over
@@ -529,10 +548,11 @@ impl Inner {
 
 fn prepare_blocking(inner: &Inner) -> Result<Prepared, WasmError> {
     let started = Instant::now();
+    let guest = &inner.settings.guest;
     let (component, source) = cache::load_or_compile(
         &inner.engine,
-        COMPONENT,
-        COMPONENT_DIGEST,
+        guest.bytes(),
+        guest.digest(),
         inner.settings.cache_dir.as_deref(),
     )
     .map_err(|e| WasmError::Compile(e.to_string()))?;
