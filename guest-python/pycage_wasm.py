@@ -28,7 +28,7 @@ _IMMORTAL_MAGIC = (0x79637970, 0x6D696567, 0x74726F6D, 0x31766C61)
 
 # What `_finish_snapshot` leaves in the snapshot, named here so that assigning them later
 # does not grow (and so reallocate, leaving a hole) this module's dict.
-_SNAPSHOT_OBJECTS = _IMMORTAL_TABLE = STDLIB = None
+_SNAPSHOT_OBJECTS = _IMMORTAL_TABLE = STDLIB = PACKAGES = None
 
 # The plugs (`_plug_free_memory`), in a list sized once: a list that grows frees its old
 # storage, and a chunk freed after the last plug is a hole a run's first objects land in.
@@ -62,6 +62,17 @@ for _name in PRELOAD:
         importlib.import_module(_name)
     except ImportError:
         MISSING.append(_name)
+
+# A custom guest (`pycage guest build`) says what else to preload, and where its packages
+# are while it is built; the default guest has no such module.
+try:
+    import pycage_guest_config as _config
+except ImportError:
+    _config = None
+PRELOAD_PACKAGES = tuple(getattr(_config, "PRELOAD", ()))
+_SITE = getattr(_config, "SITE", None)
+for _name in PRELOAD_PACKAGES:
+    importlib.import_module(_name)  # a module asked for that does not import fails the build
 
 pycage_runner.install_event_loop()
 
@@ -497,13 +508,18 @@ def _finish_snapshot():
     touches, and copies) the snapshot's pages. The objects are listed first, and held from
     here on, so that every address in the table stays the object's.
     """
-    global _SNAPSHOT_OBJECTS, _IMMORTAL_TABLE, STDLIB
+    global _SNAPSHOT_OBJECTS, _IMMORTAL_TABLE, STDLIB, PACKAGES
     # componentize-py empties both (and refills them from the host in each instance), sys.argv
     # after this point. Emptied here, their contents are freed before the heap is plugged;
     # freed later, they would leave free chunks that a run's first allocations land in.
     os.environ.clear()
     del sys.argv[:]
     STDLIB = _store_the_rest_of_the_library()
+    if _SITE is not None:
+        import pycage_packages
+
+        PACKAGES = pycage_packages.build(_SITE, sys.modules)
+        pycage_packages.install(PACKAGES)
     gc.collect()
     _plug_free_memory()
     _relocate_hot_code()

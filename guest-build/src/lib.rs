@@ -15,11 +15,14 @@
 //! pycage's own build script builds the default guest with this crate; the same steps serve
 //! any other guest.
 
+mod custom;
 mod link;
 mod snapshot;
 mod toolchain;
 
 use std::fmt;
+
+pub use custom::{CustomGuest, build_custom};
 
 pub use toolchain::{COMPONENTIZE_PY, LOCK, Toolchain};
 
@@ -32,6 +35,30 @@ pub const APP: &str = "pycage_wasm";
 /// The guest's Python files (in `guest-python/`), which the entry module imports.
 pub const GUEST_FILES: &[&str] = &["pycage_runner.py", "pycage_stdlib.py", "pycage_wasm.py"];
 
+/// The guest's Python files as this crate was built with them, for guests built at run
+/// time: [`GUEST_FILES`], and `pycage_packages.py`, which keeps a custom guest's packages.
+pub const SOURCES: &[(&str, &str)] = &[
+    (
+        "pycage_runner.py",
+        include_str!("../../guest-python/pycage_runner.py"),
+    ),
+    (
+        "pycage_stdlib.py",
+        include_str!("../../guest-python/pycage_stdlib.py"),
+    ),
+    (
+        "pycage_wasm.py",
+        include_str!("../../guest-python/pycage_wasm.py"),
+    ),
+    (
+        "pycage_packages.py",
+        include_str!("../../guest-python/pycage_packages.py"),
+    ),
+];
+
+/// The WIT contract the guest implements (`wit/pycage.wit`).
+pub const WIT: &str = include_str!("../../wit/pycage.wit");
+
 /// Why a guest could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuildError {
@@ -39,7 +66,7 @@ pub struct BuildError {
 }
 
 impl BuildError {
-    fn new(message: impl Into<String>) -> BuildError {
+    pub(crate) fn new(message: impl Into<String>) -> BuildError {
         BuildError {
             message: message.into(),
         }

@@ -18,6 +18,7 @@ pub const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 #[derive(Debug, Clone)]
 pub struct Toolchain {
     componentize: PathBuf,
+    python: PathBuf,
 }
 
 impl Toolchain {
@@ -33,7 +34,7 @@ impl Toolchain {
         Toolchain::install(venv, python, LOCK, progress)
     }
 
-    /// [`Toolchain::ensure`] from the lock `lock` (tests tamper with it).
+    /// [`Toolchain::ensure`] from the lock `lock_text` (tests tamper with it).
     fn install(
         venv: &Path,
         python: &OsStr,
@@ -43,8 +44,14 @@ impl Toolchain {
         let bin = venv.join("bin");
         let componentize = bin.join("componentize-py");
         let stamp = venv.join("pycage-installed.lock");
-        if fs::read_to_string(&stamp).ok().as_deref() == Some(lock_text) && componentize.exists() {
-            return Ok(Toolchain { componentize });
+        let toolchain = Toolchain {
+            componentize,
+            python: bin.join("python"),
+        };
+        if fs::read_to_string(&stamp).ok().as_deref() == Some(lock_text)
+            && toolchain.componentize.exists()
+        {
+            return Ok(toolchain);
         }
         progress(&format!(
             "installing {COMPONENTIZE_PY} into {} (once)",
@@ -78,7 +85,12 @@ impl Toolchain {
             "installing componentize-py (pip install --require-hashes)",
         )?;
         write(&stamp, lock_text)?;
-        Ok(Toolchain { componentize })
+        Ok(toolchain)
+    }
+
+    /// The virtualenv's Python (for pip).
+    pub fn python(&self) -> &Path {
+        &self.python
     }
 
     /// Runs componentize-py: the WIT world `world` in `wit`, the app module `app` found in
