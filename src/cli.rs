@@ -42,10 +42,54 @@ pub enum Command {
     Meter(Box<MeterArgs>),
     /// List every backend: whether it isolates, and whether it can run here (and why not).
     Backends(BackendsArgs),
+    /// Build a guest with pure-Python packages baked in (`guest build`), or print a guest
+    /// file's manifest (`guest info`).
+    #[command(subcommand)]
+    Guest(GuestCommand),
     /// The layered backend's worker (started by pycage itself inside bubblewrap; Unix only).
     #[cfg(unix)]
     #[command(hide = true)]
     Worker(WorkerArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GuestCommand {
+    /// Build a guest: resolve the packages with pip (pure-Python wheels only, pinned by
+    /// version and hash), bake them into the sandbox, preload the modules named, and write
+    /// GUEST.wasm and its manifest (GUEST.wasm.json).
+    Build(GuestBuildArgs),
+    /// Print a guest file's manifest (after checking the file).
+    Info(GuestInfoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct GuestBuildArgs {
+    /// A requirements file for pip (repeatable).
+    #[arg(long = "requirements", short = 'r', value_name = "FILE")]
+    pub requirements: Vec<PathBuf>,
+
+    /// A package to bake in, NAME or NAME==VERSION (repeatable).
+    #[arg(long = "package", value_name = "SPEC")]
+    pub packages: Vec<String>,
+
+    /// A module to import when the guest is built, so that importing it in a run is free
+    /// (repeatable; dotted names allowed).
+    #[arg(long = "preload", value_name = "MODULE")]
+    pub preload: Vec<String>,
+
+    /// Where to write the guest.
+    #[arg(short = 'o', long = "out", value_name = "GUEST.wasm")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct GuestInfoArgs {
+    /// The guest file.
+    pub guest: PathBuf,
+
+    /// Print the manifest as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -104,6 +148,11 @@ pub struct BenchArgs {
     /// the `mcp_upstream` row; without it that row is left out.
     #[arg(long, value_name = "COMMAND")]
     pub upstream: Option<String>,
+
+    /// A guest file (`pycage guest build`): adds the `guest_*` rows, which measure it side by
+    /// side with the built-in guest (compile, fresh `pass`, a preloaded import, memory).
+    #[arg(long, value_name = "GUEST.wasm")]
+    pub guest: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

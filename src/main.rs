@@ -5,6 +5,7 @@ mod bench;
 mod cli;
 mod describe;
 mod exit;
+mod guest;
 mod mcp;
 mod meter;
 mod prepare;
@@ -57,7 +58,8 @@ fn main() -> ExitCode {
         | Command::Serve(_)
         | Command::Prepare(_)
         | Command::Bench(_)
-        | Command::Backends(_) => false,
+        | Command::Backends(_)
+        | Command::Guest(_) => false,
     };
     if one_run {
         one_malloc_arena();
@@ -82,6 +84,7 @@ fn main() -> ExitCode {
             Command::Bench(args) => bench::bench(args).await.into(),
             Command::Meter(args) => meter::meter(*args).await.into(),
             Command::Backends(args) => backends::list(args).into(),
+            Command::Guest(command) => guest::guest(command).await.into(),
             #[cfg(unix)]
             Command::Worker(args) => worker::worker(args).await,
         }

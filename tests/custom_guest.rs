@@ -11,6 +11,8 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
+mod os_support;
+
 use pycage::wasm::guest::{GuestManifest, Package, seal};
 use pycage::{Guest, Runner, WasmBackend};
 use serde_json::json;
@@ -130,4 +132,172 @@ fn the_cli_runs_a_guest_file_and_refuses_a_bad_one_by_name() {
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--guest needs the wasm backend"));
+}
+
+/// The guest of real packages from PyPI, or `None` (a skip, a failure in CI) without PyPI.
+fn packaged() -> Option<std::path::PathBuf> {
+    match os_support::packaged_guest() {
+        Ok(path) => Some(path),
+        Err(why) => {
+            os_support::skip(&why);
+            None
+        }
+    }
+}
+
+fn in_shared_cache(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_pycage"))
+        .args(args)
+        .env("PYCAGE_CACHE_DIR", os_support::packaged_guest_cache())
+        .output()
+        .unwrap()
+}
+
+const USES_THE_PACKAGES: &str = r#"
+import attrs, importlib.metadata, sys
+from dateutil import parser, relativedelta, rrule, tz
+from tabulate import tabulate
+
+@attrs.define
+class Point:
+    x: int
+    y: int = attrs.field(validator=attrs.validators.ge(0))
+
+try:
+    Point(1, -1)
+    refused = False
+except ValueError:
+    refused = True
+when = parser.parse("2026-12-04T19:42:10+01:00")
+paris = when.astimezone(tz.gettz("Europe/Paris"))
+days = list(rrule.rrule(rrule.DAILY, count=3, dtstart=parser.parse("2026-01-30")))
+return {
+    "point": attrs.asdict(Point(3, 4)),
+    "refused": refused,
+    "paris": paris.isoformat(),
+    "next_month": str((when + relativedelta.relativedelta(months=+1)).date()),
+    "days": [d.day for d in days],
+    "table": tabulate([["a", 1], ["bb", 22]], headers=["k", "v"], tablefmt="github"),
+    "version": importlib.metadata.version("attrs"),
+    "preloaded": [m in sys.modules for m in ("attrs", "dateutil.parser", "tabulate")],
+}
+"#;
+
+#[test]
+fn a_guest_built_from_pypi_packages_imports_and_uses_them() {
+    let Some(guest) = packaged() else { return };
+    let guest = guest.to_str().unwrap();
+    let out = in_shared_cache(&["run", "--guest", guest, "--json", "-c", USES_THE_PACKAGES]);
+    assert!(out.status.success(), "{out:?}");
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let value = &result["value"];
+    assert_eq!(value["point"], json!({"x": 3, "y": 4}), "{result:#}");
+    assert_eq!(value["refused"], json!(true));
+    // tz.gettz reads the zone from `tzdata`, a dependency pip resolved and the guest holds.
+    assert_eq!(value["paris"], json!("2026-12-04T19:42:10+01:00"));
+    assert_eq!(value["next_month"], json!("2027-01-04"));
+    assert_eq!(value["days"], json!([30, 31, 1]));
+    assert_eq!(
+        value["table"],
+        json!("| k   |   v |\n|-----|-----|\n| a   |   1 |\n| bb  |  22 |")
+    );
+    assert_eq!(value["preloaded"], json!([true, true, true]));
+
+    // The manifest: beside the file, and as `guest info --json` prints it.
+    let out = in_shared_cache(&["guest", "info", "--json", guest]);
+    assert!(out.status.success(), "{out:?}");
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let beside: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{guest}.json")).unwrap()).unwrap();
+    assert_eq!(info, beside);
+    assert_eq!(info["python"], json!("3.14.0"));
+    assert_eq!(info["pycage"], json!(env!("CARGO_PKG_VERSION")));
+    assert_eq!(
+        info["preload"],
+        json!(["attrs", "dateutil.parser", "tabulate"])
+    );
+    let packages = info["packages"].as_array().unwrap();
+    for (name, _) in os_support::PACKAGED_GUEST {
+        let p = packages
+            .iter()
+            .find(|p| p["name"] == json!(name))
+            .unwrap_or_else(|| panic!("{name} in {info:#}"));
+        assert!(p["version"].as_str().is_some_and(|v| !v.is_empty()), "{p}");
+        let sha = p["sha256"].as_str().unwrap();
+        assert!(
+            sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{p}"
+        );
+    }
+    let dateutil = packages
+        .iter()
+        .find(|p| p["name"] == json!("python-dateutil"))
+        .unwrap();
+    assert_eq!(dateutil["modules"], json!(["dateutil"]));
+    let attrs = packages
+        .iter()
+        .find(|p| p["name"] == json!("attrs"))
+        .unwrap();
+    assert_eq!(attrs["version"], value["version"]);
+    let content = info["content_blake3"].as_str().unwrap();
+    assert!(content.len() == 64 && content.bytes().all(|b| b.is_ascii_hexdigit()));
+
+    // The model-facing description names them, with what to import.
+    let out = in_shared_cache(&["describe", "--guest", guest]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("`python-dateutil` ") && text.contains("(import `dateutil`)"),
+        "{text}"
+    );
+    assert!(text.contains("`tabulate` "), "{text}");
+    assert!(!text.contains("No third-party packages"), "{text}");
+}
+
+#[test]
+fn a_distribution_with_a_c_extension_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_file = dir.path().join("yaml.wasm");
+    // PyYAML publishes platform wheels (its C extension) and a source distribution only.
+    let out = in_shared_cache(&[
+        "guest",
+        "build",
+        "--package",
+        "attrs",
+        "--package",
+        "pyyaml",
+        "-o",
+        out_file.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("could not reach the package index") && !os_support::required() {
+        return os_support::skip(&format!("no package index here: {stderr}"));
+    }
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`pyyaml` has no pure-Python wheel"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("C extension"), "{stderr}");
+    assert!(
+        stderr.contains("--backend bubblewrap or docker"),
+        "{stderr}"
+    );
+    assert!(!out_file.exists(), "nothing is written");
+
+    // A name the index does not have is said to be missing, not impure.
+    let out = in_shared_cache(&[
+        "guest",
+        "build",
+        "--package",
+        "no-such-distribution-pycage-test",
+        "-o",
+        out_file.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`no-such-distribution-pycage-test` is not on the package index"),
+        "{stderr}"
+    );
 }

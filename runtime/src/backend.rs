@@ -238,6 +238,13 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// The third-party packages baked into the backend's guest, one Markdown phrase each
+    /// (``"`python-dateutil` 2.9.0 (import `dateutil`)"``), from a custom wasm guest's
+    /// manifest; empty for the others, whose Python is the host's.
+    fn packages(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// True when the backend keeps sessions ([`open_session`](Self::open_session) can
     /// succeed).
     fn supports_sessions(&self) -> bool {

@@ -152,13 +152,14 @@ impl DescriptionBuilder {
     ///
     /// [`DescribeError`] when the probe run fails or its answer is malformed.
     pub async fn build(self) -> Result<Description, DescribeError> {
-        let environment = self
+        let mut environment = self
             .runner
             .environment_cell()
             .get_or_try_init(|| async { probe::probe(&self.runner).await.map(Arc::new) })
             .await?
             .as_ref()
             .clone();
+        environment.packages = self.runner.backend().packages();
         let limits = self.limits.unwrap_or_else(|| self.runner.limits().clone());
         Ok(Description::new(
             self.name,

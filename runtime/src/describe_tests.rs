@@ -21,6 +21,8 @@ struct ProbeBackend {
     runs: AtomicU32,
     /// The last job that was not the probe.
     last_job: Mutex<Option<Job>>,
+    /// What [`Backend::packages`] says.
+    packages: Vec<String>,
 }
 
 impl ProbeBackend {
@@ -41,6 +43,7 @@ impl ProbeBackend {
             failures: AtomicU32::new(0),
             runs: AtomicU32::new(0),
             last_job: Mutex::new(None),
+            packages: Vec::new(),
         }
     }
 }
@@ -54,6 +57,9 @@ impl Backend for ProbeBackend {
     }
     fn availability(&self) -> Availability {
         Availability::Available
+    }
+    fn packages(&self) -> Vec<String> {
+        self.packages.clone()
     }
     fn run(&self, job: Job, _gate: Arc<dyn ToolGate>) -> RunFuture<'_> {
         if !job.vars.contains_key("_probe_output") {
@@ -268,6 +274,31 @@ async fn without_tools_the_text_says_so_and_leaves_out_tool_limits() {
     .unwrap();
     assert!(d.text().contains("No tools are exposed"), "{}", d.text());
     assert!(!d.text().contains("Tool calls:"), "{}", d.text());
+}
+
+#[tokio::test]
+async fn a_custom_guests_packages_are_listed_instead_of_the_probed_ones() {
+    let backend = Arc::new(ProbeBackend {
+        packages: vec![
+            "`python-dateutil` 2.9.0 (import `dateutil`)".into(),
+            "`tabulate` 0.9.0".into(),
+        ],
+        ..ProbeBackend::new()
+    });
+    let d = runner_with(backend, ToolPolicy::new(), Limits::default())
+        .description()
+        .await
+        .unwrap();
+    let text = d.text();
+    assert!(
+        text.contains(
+            "- Third-party packages, baked into this sandbox (nothing else can be installed): \
+             `python-dateutil` 2.9.0 (import `dateutil`), `tabulate` 0.9.0.\n"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("No third-party packages"), "{text}");
+    assert_eq!(d.environment().packages.len(), 2);
 }
 
 #[tokio::test]

@@ -595,6 +595,28 @@ impl Backend for WasmBackend {
         self.inner.settings.seed
     }
 
+    fn packages(&self) -> Vec<String> {
+        self.guest().manifest().map_or_else(Vec::new, |m| {
+            m.packages
+                .iter()
+                .map(|p| match p.modules.as_slice() {
+                    [] => format!("`{}` {}", p.name, p.version),
+                    [one] if *one == p.name => format!("`{one}` {}", p.version),
+                    modules => format!(
+                        "`{}` {} (import {})",
+                        p.name,
+                        p.version,
+                        modules
+                            .iter()
+                            .map(|m| format!("`{m}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                })
+                .collect()
+        })
+    }
+
     fn supports_sessions(&self) -> bool {
         true
     }

@@ -118,6 +118,39 @@ async fn run_all(canaries: &Canaries, cases: &[Case], filter: Option<&str>) -> V
             );
         }
     }
+    // A custom guest (packages baked in, `pycage guest build`) is the same sandbox: the
+    // categories that test its walls run on it too.
+    if filter.is_none_or(|f| {
+        f.contains("custom")
+            || CUSTOM_GUEST_CATEGORIES
+                .iter()
+                .any(|c| c.contains(f) || f.contains(c))
+    }) && let Some(subject) = custom_guest_subject()
+    {
+        for case in cases
+            .iter()
+            .filter(|c| CUSTOM_GUEST_CATEGORIES.contains(&c.category.as_str()))
+        {
+            let id = format!("{}/{}", case.category, case.name);
+            if filter.is_some_and(|f| !id.contains(f) && !f.contains("custom"))
+                || !case.runs_on("wasm")
+                || case.session
+            {
+                continue;
+            }
+            ran += 1;
+            let started = Instant::now();
+            let outcome = run_case(canaries, &subject, case).await;
+            record(
+                &mut report,
+                &mut failures,
+                "wasm (custom guest)",
+                case,
+                outcome,
+                started,
+            );
+        }
+    }
     let growth = rss_bytes().saturating_sub(rss_before);
     println!(
         "adversarial: {ran} case runs; host RSS grew {} MiB",
@@ -218,6 +251,40 @@ async fn fresh_sandbox_runs(runner: &Runner) -> Result<(), String> {
         return Err(format!("a fresh sandbox no longer runs: {fresh:?}"));
     }
     Ok(())
+}
+
+/// The categories the custom guest runs: escapes, files, memory, tool abuse and network.
+const CUSTOM_GUEST_CATEGORIES: &[&str] = &[
+    "escapes",
+    "files",
+    "filesystem",
+    "memory",
+    "tools",
+    "network",
+    "processes",
+];
+
+/// The wasm backend on a guest built with packages baked in (`os_support::packaged_guest`),
+/// or `None` with the reason when it cannot be built (failing instead in CI: the build needs
+/// PyPI).
+fn custom_guest_subject() -> Option<os_support::Subject> {
+    let path = match os_support::packaged_guest() {
+        Ok(path) => path,
+        Err(why) => {
+            os_support::skip(&format!("the custom guest did not build: {why}"));
+            return None;
+        }
+    };
+    let guest = pycage::Guest::from_path(&path).expect("a guest pycage just built loads");
+    let backend = pycage::WasmBackend::builder()
+        .cache_dir(Some(os_support::packaged_guest_cache()))
+        .guest(guest)
+        .build()
+        .expect("the wasm engine starts");
+    Some(os_support::Subject {
+        name: "wasm",
+        backend: std::sync::Arc::new(backend),
+    })
 }
 
 /// The backends this suite runs against: every one available here that isolates (`local`

@@ -157,3 +157,81 @@ macro_rules! every_backend {
         }
     };
 }
+
+/// The packages of [`packaged_guest`], each with a module it preloads.
+pub const PACKAGED_GUEST: &[(&str, &str)] = &[
+    ("attrs", "attrs"),
+    ("python-dateutil", "dateutil.parser"),
+    ("tabulate", "tabulate"),
+];
+
+/// The artifact cache the tests that use [`packaged_guest`] share, so it is compiled once.
+pub fn packaged_guest_cache() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("packaged-guest-cache")
+}
+
+/// A guest that `pycage guest build` made from real pure-Python packages from the registry
+/// ([`PACKAGED_GUEST`], preloaded), built once for this build of pycage (the file is named
+/// after the executable's size and time, so a rebuilt pycage builds it again) and shared by
+/// the test binaries that need it. `Err` says why it could not be built (the build needs
+/// PyPI).
+pub fn packaged_guest() -> Result<PathBuf, String> {
+    static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(path) = built.as_ref() {
+        return Ok(path.clone());
+    }
+    let exe = pycage_exe();
+    let meta = std::fs::metadata(&exe).map_err(|e| e.to_string())?;
+    let stamp = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join(format!("packaged-guest-{}-{stamp}.wasm", meta.len()));
+    if !path.exists() {
+        // Guests of earlier builds of pycage are of no more use.
+        for entry in std::fs::read_dir(&dir)
+            .map_err(|e| e.to_string())?
+            .flatten()
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("packaged-guest-") && name.contains(".wasm") {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        let partial = dir.join(format!(
+            "packaged-guest-{}.partial.wasm",
+            std::process::id()
+        ));
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args(["guest", "build"])
+            .env("PYCAGE_CACHE_DIR", packaged_guest_cache());
+        for (package, module) in PACKAGED_GUEST {
+            cmd.args(["--package", package, "--preload", module]);
+        }
+        let out = cmd
+            .arg("-o")
+            .arg(&partial)
+            .output()
+            .map_err(|e| format!("running pycage guest build: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "pycage guest build failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let manifest = |p: &std::path::Path| {
+            let mut name = p.as_os_str().to_owned();
+            name.push(".json");
+            PathBuf::from(name)
+        };
+        std::fs::rename(manifest(&partial), manifest(&path)).map_err(|e| e.to_string())?;
+        std::fs::rename(&partial, &path).map_err(|e| e.to_string())?;
+    }
+    *built = Some(path.clone());
+    Ok(path)
+}

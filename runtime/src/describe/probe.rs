@@ -79,6 +79,10 @@ pub struct Environment {
     pub unavailable_modules: Vec<String>,
     /// The packages of [`PROBED_PACKAGES`] that are installed.
     pub third_party: Vec<String>,
+    /// The packages baked into a custom guest, one Markdown phrase each (see
+    /// [`Backend::packages`](crate::Backend::packages)).
+    #[serde(default)]
+    pub packages: Vec<String>,
     /// True when the code can start a subprocess.
     pub subprocesses: bool,
     /// True when the code can start a thread.
@@ -174,6 +178,7 @@ pub(crate) fn read(result: RunResult, gave_input: bool) -> Result<Environment, D
         platform: answer.platform,
         unavailable_modules: known(STDLIB_MODULES, &answer.unavailable_modules),
         third_party: known(PROBED_PACKAGES, &answer.third_party),
+        packages: Vec::new(),
         subprocesses: answer.subprocesses,
         threads: answer.threads,
         network: answer.network,

@@ -49,7 +49,13 @@ fn environment(out: &mut String, env: &Environment) {
             code_list(&env.unavailable_modules)
         );
     }
-    if env.third_party.is_empty() {
+    if !env.packages.is_empty() {
+        let _ = writeln!(
+            out,
+            "- Third-party packages, baked into this sandbox (nothing else can be installed): {}.",
+            env.packages.join(", ")
+        );
+    } else if env.third_party.is_empty() {
         let _ = writeln!(
             out,
             "- No third-party packages are installed (no {}).",

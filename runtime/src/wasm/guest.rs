@@ -58,6 +58,10 @@ pub struct Package {
     pub version: String,
     /// SHA-256 (hex) of the wheel it was installed from.
     pub sha256: String,
+    /// The top-level modules it installs: the names code imports (`dateutil` for
+    /// `python-dateutil`).
+    #[serde(default)]
+    pub modules: Vec<String>,
 }
 
 impl Package {
@@ -71,7 +75,15 @@ impl Package {
             name: name.into(),
             version: version.into(),
             sha256: sha256.into(),
+            modules: Vec::new(),
         }
+    }
+
+    /// The same record, with the top-level modules the package installs.
+    #[must_use]
+    pub fn with_modules(mut self, modules: Vec<String>) -> Package {
+        self.modules = modules;
+        self
     }
 }
 

@@ -1,0 +1,463 @@
+//! `pycage guest build` and `pycage guest info`: guests with pure-Python packages baked in.
+//!
+//! A build resolves the packages with pip, for the guest's Python and pure-Python wheels only
+//! (`--platform any --abi none --implementation py`: a distribution with a C extension, or
+//! one published only as a source distribution, has no such wheel and is refused by name),
+//! installs them into a private directory, builds the guest with them exactly as the
+//! built-in one is built ([`pycage_guest`]), seals it with its manifest, and compiles it once
+//! (the artifact lands in the cache) to check that it loads and that the preloaded modules
+//! import.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pycage::wasm::guest::{GuestManifest, Package, seal};
+use pycage::{Guest, Runner, WasmBackend};
+use pycage_guest::{CustomGuest, Toolchain};
+use serde_json::Value;
+
+use crate::cli::{GuestBuildArgs, GuestCommand, GuestInfoArgs};
+use crate::exit::Exit;
+
+/// The guest's Python (componentize-py 0.25.1's CPython for WASI).
+const PYTHON: &str = "3.14.0";
+
+pub async fn guest(command: GuestCommand) -> Exit {
+    match command {
+        GuestCommand::Build(args) => match build(args).await {
+            Ok(()) => Exit::Ok,
+            Err((exit, message)) => {
+                eprintln!("pycage guest build: {message}");
+                exit
+            }
+        },
+        GuestCommand::Info(args) => info(args),
+    }
+}
+
+type Failed = (Exit, String);
+
+fn usage(message: impl Into<String>) -> Failed {
+    (Exit::Usage, message.into())
+}
+
+fn internal(message: impl Into<String>) -> Failed {
+    (Exit::Internal, message.into())
+}
+
+/// Says each step as it starts, and how long the build has taken.
+struct Progress {
+    started: Instant,
+    step: usize,
+}
+
+impl Progress {
+    const STEPS: usize = 4;
+
+    fn step(&mut self, what: &str) {
+        self.step += 1;
+        eprintln!(
+            "pycage guest build: [{}/{}] {what} ({:.1} s)",
+            self.step,
+            Self::STEPS,
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+async fn build(args: GuestBuildArgs) -> Result<(), Failed> {
+    if args.packages.is_empty() && args.requirements.is_empty() {
+        return Err(usage(
+            "name the packages to bake in: --package NAME[==VERSION] or --requirements FILE",
+        ));
+    }
+    for module in &args.preload {
+        if !is_module_name(module) {
+            return Err(usage(format!(
+                "--preload {module:?}: not a module name (dotted Python identifiers)"
+            )));
+        }
+    }
+    let mut progress = Progress {
+        started: Instant::now(),
+        step: 0,
+    };
+    let toolchain = toolchain()?;
+    let work = tempfile::Builder::new()
+        .prefix("pycage-guest-build-")
+        .tempdir()
+        .map_err(|e| internal(format!("a temporary directory: {e}")))?;
+    let site = work.path().join("site-packages");
+
+    progress.step("resolve and download (pip, pure-Python wheels only)");
+    let packages = resolve(&toolchain, &args, &site, work.path())?;
+    for p in &packages {
+        eprintln!("  {} {} (sha256 {})", p.name, p.version, &p.sha256[..16]);
+    }
+
+    let guest = CustomGuest {
+        site_packages: &site,
+        preload: &args.preload,
+        work: &work.path().join("build"),
+    };
+    let component = pycage_guest::build_custom(&toolchain, &guest, |step| match step {
+        "componentize" => progress.step("componentize (the packages and preloads imported)"),
+        _ => progress.step("link (the snapshot made immortal, the libraries linked)"),
+    })
+    .map_err(|e| internal(e.to_string()))?;
+
+    let manifest = GuestManifest::new(&component, PYTHON, packages, args.preload.clone());
+    let sealed = seal(&component, &manifest).map_err(|e| internal(e.to_string()))?;
+    std::fs::write(&args.out, &sealed)
+        .map_err(|e| usage(format!("writing {}: {e}", args.out.display())))?;
+    let manifest_path = manifest_path(&args.out);
+    let text = serde_json::to_string_pretty(&manifest).map_err(|e| internal(e.to_string()))?;
+    std::fs::write(&manifest_path, text + "\n")
+        .map_err(|e| usage(format!("writing {}: {e}", manifest_path.display())))?;
+
+    progress.step("compile (and check that the preloaded modules import)");
+    let guest = Guest::from_bytes(sealed).map_err(|e| internal(e.to_string()))?;
+    check(guest.clone(), &args.preload).await?;
+    eprintln!(
+        "pycage guest build: wrote {} ({:.1} MB, BLAKE3 {}) and {} in {:.1} s",
+        args.out.display(),
+        guest.bytes().len() as f64 / 1e6,
+        &guest.digest()[..16],
+        manifest_path.display(),
+        progress.started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `GUEST.wasm.json` beside `GUEST.wasm`.
+fn manifest_path(out: &Path) -> PathBuf {
+    let mut name = out.as_os_str().to_owned();
+    name.push(".json");
+    PathBuf::from(name)
+}
+
+fn is_module_name(name: &str) -> bool {
+    name.split('.').all(|part| {
+        let mut chars = part.chars();
+        chars
+            .next()
+            .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+            && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+    })
+}
+
+/// componentize-py in pycage's cache directory (or a temporary one), installed by hash.
+fn toolchain() -> Result<Toolchain, Failed> {
+    let python = std::env::var_os("PYCAGE_PYTHON").unwrap_or_else(|| "python3".into());
+    let dir = pycage::wasm::default_cache_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("toolchain")
+        .join("componentize-py-0.25.1");
+    Toolchain::ensure(&dir, &python, |what| {
+        eprintln!("pycage guest build: {what}")
+    })
+    .map_err(|e| {
+        internal(format!(
+            "{e}\n(the build needs Python 3 with `venv`, and PyPI, once; PYCAGE_PYTHON picks \
+                 the interpreter)"
+        ))
+    })
+}
+
+/// Resolves, downloads and installs the packages into `site` with pip, for the guest's
+/// Python and pure-Python wheels only; returns them as pip's report gives them.
+fn resolve(
+    toolchain: &Toolchain,
+    args: &GuestBuildArgs,
+    site: &Path,
+    work: &Path,
+) -> Result<Vec<Package>, Failed> {
+    let report = work.join("pip-report.json");
+    let mut cmd = Command::new(toolchain.python());
+    cmd.args([
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--quiet",
+    ])
+    .args(["--no-compile", "--target"])
+    .arg(site)
+    .args([
+        "--only-binary",
+        ":all:",
+        "--platform",
+        "any",
+        "--abi",
+        "none",
+    ])
+    .args(["--implementation", "py", "--python-version", "3.14"])
+    .arg("--report")
+    .arg(&report);
+    for file in &args.requirements {
+        cmd.arg("-r").arg(file);
+    }
+    cmd.args(&args.packages);
+    let out = cmd
+        .output()
+        .map_err(|e| internal(format!("running pip: {e}")))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let pip_said = stderr.trim();
+        return Err(usage(match not_pure(&stderr) {
+            _ if unreachable_index(&stderr) => {
+                format!("pip could not reach the package index:\n{pip_said}")
+            }
+            Some(name) if on_the_index(toolchain, &name) => format!(
+                "`{name}` has no pure-Python wheel for Python 3.14: it needs a C extension, or \
+                 is published only as a source distribution, and a wasm guest can hold neither. \
+                 Run code that needs it on an OS backend (--backend bubblewrap or docker), \
+                 whose Python installs it natively.\npip said:\n{pip_said}"
+            ),
+            Some(name) => format!("`{name}` is not on the package index.\npip said:\n{pip_said}"),
+            None => format!("pip could not resolve the packages:\n{pip_said}"),
+        }));
+    }
+    let text = std::fs::read_to_string(&report)
+        .map_err(|e| internal(format!("reading pip's report: {e}")))?;
+    let packages = packages_of(&text).map_err(|e| internal(format!("pip's report: {e}")))?;
+    let mut installed = installed_modules(site)
+        .map_err(|e| internal(format!("reading the installed packages: {e}")))?;
+    Ok(packages
+        .into_iter()
+        .map(|p| {
+            let modules = installed.remove(&normalize(&p.name)).unwrap_or_default();
+            p.with_modules(modules)
+        })
+        .collect())
+}
+
+/// A distribution's name as PEP 503 compares them.
+fn normalize(name: &str) -> String {
+    let mut out = String::new();
+    for part in name.split(['-', '_', '.']).filter(|part| !part.is_empty()) {
+        if !out.is_empty() {
+            out.push('-');
+        }
+        out.push_str(&part.to_ascii_lowercase());
+    }
+    out
+}
+
+/// For each distribution installed in `site` (by normalized name), the top-level modules its
+/// `RECORD` lists: what code imports.
+fn installed_modules(
+    site: &Path,
+) -> std::io::Result<std::collections::HashMap<String, Vec<String>>> {
+    let mut found = std::collections::HashMap::new();
+    for entry in std::fs::read_dir(site)? {
+        let dir = entry?.path();
+        if dir.extension().is_none_or(|e| e != "dist-info") {
+            continue;
+        }
+        let metadata = std::fs::read_to_string(dir.join("METADATA"))?;
+        let Some(name) = metadata
+            .lines()
+            .find_map(|l| l.strip_prefix("Name:").map(str::trim))
+        else {
+            continue;
+        };
+        let record = std::fs::read_to_string(dir.join("RECORD"))?;
+        found.insert(normalize(name), top_level(&record));
+    }
+    Ok(found)
+}
+
+/// The importable top-level names of a wheel's `RECORD` (`pkg/...` and `module.py`).
+fn top_level(record: &str) -> Vec<String> {
+    let mut modules: Vec<String> = record
+        .lines()
+        .filter_map(|line| line.split(',').next())
+        .filter_map(|path| match path.split_once('/') {
+            Some((dir, _)) => Some(dir),
+            None => path.strip_suffix(".py"),
+        })
+        .filter(|name| is_module_name(name) && !name.contains('.') && *name != "__pycache__")
+        .map(str::to_owned)
+        .collect();
+    modules.sort();
+    modules.dedup();
+    modules
+}
+
+/// True when pip's failure was the network's.
+fn unreachable_index(pip_stderr: &str) -> bool {
+    [
+        "Failed to establish a new connection",
+        "NewConnectionError",
+        "Temporary failure in name resolution",
+        "Network is unreachable",
+    ]
+    .iter()
+    .any(|s| pip_stderr.contains(s))
+}
+
+/// True when the index has the distribution for some platform (`pip index versions`, with the
+/// host's platform): it exists, so what it lacks is a pure-Python wheel.
+fn on_the_index(toolchain: &Toolchain, name: &str) -> bool {
+    Command::new(toolchain.python())
+        .args([
+            "-m",
+            "pip",
+            "index",
+            "versions",
+            "--disable-pip-version-check",
+            name,
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The distribution pip found no matching (pure-Python) wheel for.
+fn not_pure(pip_stderr: &str) -> Option<String> {
+    let line = pip_stderr
+        .lines()
+        .find(|l| l.contains("No matching distribution found for"))?;
+    let name = line.rsplit("found for").next()?.trim();
+    let name = name
+        .split(|c: char| "=<>!~[; ".contains(c))
+        .next()
+        .unwrap_or(name);
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
+/// The installed distributions of a pip `--report`, with their wheels' SHA-256.
+fn packages_of(report: &str) -> Result<Vec<Package>, String> {
+    let report: Value = serde_json::from_str(report).map_err(|e| e.to_string())?;
+    let installs = report["install"].as_array().ok_or("no `install` list")?;
+    let mut packages = Vec::new();
+    for item in installs {
+        let text = |v: &Value| v.as_str().map(str::to_owned);
+        let name = text(&item["metadata"]["name"]).ok_or("a distribution without a name")?;
+        let version = text(&item["metadata"]["version"]).ok_or("a version missing")?;
+        let info = &item["download_info"];
+        let sha256 = text(&info["archive_info"]["hashes"]["sha256"])
+            .or_else(|| {
+                text(&info["archive_info"]["hash"])
+                    .and_then(|h| h.strip_prefix("sha256=").map(str::to_owned))
+            })
+            .ok_or_else(|| format!("no sha256 for {name}"))?;
+        let url = text(&info["url"]).unwrap_or_default();
+        if !url.ends_with("-none-any.whl") {
+            return Err(format!(
+                "{name} {version} is not a pure-Python wheel: {url}"
+            ));
+        }
+        packages.push(Package::new(name, version, sha256));
+    }
+    packages.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(packages)
+}
+
+/// Compiles the guest (its artifact lands in the cache) and imports each preloaded module.
+async fn check(guest: Guest, preload: &[String]) -> Result<(), Failed> {
+    let backend = WasmBackend::builder()
+        .max_instances(2)
+        .guest(guest)
+        .build()
+        .map_err(|e| internal(e.to_string()))?;
+    backend
+        .prepare()
+        .await
+        .map_err(|e| internal(e.to_string()))?;
+    let runner = Runner::builder()
+        .backend(Arc::new(backend))
+        .build()
+        .map_err(|e| internal(e.to_string()))?;
+    let code = format!(
+        "import importlib\nfor m in {:?}:\n    importlib.import_module(m)\nreturn 'ok'",
+        preload
+    );
+    let r = runner.run(&code).await;
+    if !r.ok {
+        return Err(internal(format!(
+            "the built guest does not run: {:?}",
+            r.error.map(|e| e.message)
+        )));
+    }
+    Ok(())
+}
+
+fn info(args: GuestInfoArgs) -> Exit {
+    let guest = match Guest::from_path(&args.guest) {
+        Ok(guest) => guest,
+        Err(e) => {
+            eprintln!("pycage guest info: {e}");
+            return Exit::Usage;
+        }
+    };
+    let Some(m) = guest.manifest() else {
+        return Exit::Internal;
+    };
+    if args.json {
+        match serde_json::to_string_pretty(m) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("pycage guest info: {e}");
+                return Exit::Internal;
+            }
+        }
+        return Exit::Ok;
+    }
+    println!("guest      {}", args.guest.display());
+    println!("built by   pycage {}", m.pycage);
+    println!("python     {}", m.python);
+    println!("size       {:.1} MB", guest.bytes().len() as f64 / 1e6);
+    println!("blake3     {}", guest.digest());
+    println!("packages   {}", m.packages.len());
+    for p in &m.packages {
+        println!(
+            "  {} {} (import {}; sha256 {})",
+            p.name,
+            p.version,
+            p.modules.join(", "),
+            p.sha256
+        );
+    }
+    println!("preloaded  {}", m.preload.join(", "));
+    Exit::Ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_names_are_dotted_identifiers() {
+        for ok in ["attrs", "dateutil.parser", "_x.y2"] {
+            assert!(is_module_name(ok), "{ok}");
+        }
+        for bad in ["", "a..b", "1a", "a-b", "os\"); import x", "a.b."] {
+            assert!(!is_module_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pip_naming_no_pure_wheel_is_read_by_name() {
+        let stderr = "ERROR: Could not find a version that satisfies the requirement pyyaml \
+                      (from versions: none)\nERROR: No matching distribution found for pyyaml\n";
+        assert_eq!(not_pure(stderr).as_deref(), Some("pyyaml"));
+        assert_eq!(
+            not_pure("ERROR: No matching distribution found for numpy==2.3.1").as_deref(),
+            Some("numpy")
+        );
+        assert_eq!(not_pure("ERROR: something else"), None);
+    }
+
+    #[test]
+    fn top_level_modules_come_from_the_record() {
+        let record = "dateutil/__init__.py,sha256=x,1\ndateutil/tz/tz.py,sha256=y,2\n\
+                      python_dateutil-4.0.0.dist-info/RECORD,,\nsix.py,sha256=z,3\n\
+                      ../../bin/tool,sha256=w,4\n__pycache__/six.cpython-314.pyc,,\n";
+        assert_eq!(top_level(record), ["dateutil", "six"]);
+        assert_eq!(normalize("Python_Dateutil"), "python-dateutil");
+        assert_eq!(normalize("zope.interface"), "zope-interface");
+    }
+}
