@@ -5,6 +5,7 @@
 //! after the other, so the ratios compare like with like.
 
 mod cases;
+mod guest;
 mod mcp;
 mod stats;
 
@@ -62,9 +63,23 @@ pub struct Settings {
     pub pycage_exe: PathBuf,
     /// The upstream MCP server for the `mcp_upstream` row, as `--upstream` gives it.
     pub upstream: Option<String>,
+    /// The custom guest of the `guest_*` rows.
+    pub guest: Option<pycage::Guest>,
 }
 
 pub async fn bench(args: BenchArgs) -> Exit {
+    let guest = match args
+        .guest
+        .as_deref()
+        .map(pycage::Guest::from_path)
+        .transpose()
+    {
+        Ok(guest) => guest,
+        Err(e) => {
+            eprintln!("pycage bench: {e}");
+            return Exit::Usage;
+        }
+    };
     let settings = Settings {
         iterations: args.iterations,
         duration: args.duration,
@@ -72,6 +87,7 @@ pub async fn bench(args: BenchArgs) -> Exit {
         python: real_python(&args.python),
         pycage_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("pycage")),
         upstream: args.upstream.clone(),
+        guest,
     };
     let rows = match cases::run_all(&settings, args.only.as_deref()).await {
         Ok(rows) => rows,

@@ -354,6 +354,9 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
             }
         }
     }
+    if let Some(guest) = &s.guest {
+        rows.extend(super::guest::rows(s, guest, &fresh, &wanted).await?);
+    }
     Ok(rows)
 }
 
@@ -392,7 +395,7 @@ async fn pool_latency(meter_fuel: bool, s: &Settings) -> Result<Summary, String>
     Ok(Summary::of(samples))
 }
 
-fn runner(backend: WasmBackend, max_tool_calls: u32) -> Result<Runner, String> {
+pub(super) fn runner(backend: WasmBackend, max_tool_calls: u32) -> Result<Runner, String> {
     let limits = Limits::builder()
         .max_tool_calls(max_tool_calls)
         .build()
@@ -439,7 +442,7 @@ pub(super) async fn idle(s: &Settings) {
 }
 
 /// The work's duration measured inside the guest's interpreter (excludes start-up).
-async fn in_guest_seconds(
+pub(super) async fn in_guest_seconds(
     r: &Runner,
     import: &str,
     work: &str,
@@ -503,7 +506,7 @@ async fn throughput(r: &Runner, callers: usize, duration: Duration) -> Result<f6
 /// Resident memory added per live sandbox, with `n` runs held at once (each sleeping).
 /// Resident and proportional memory per live sandbox: `n` runs held in `time.sleep`, the
 /// process's growth divided by `n`.
-async fn memory_per_sandbox(r: &Runner, n: usize) -> Result<(f64, f64), String> {
+pub(super) async fn memory_per_sandbox(r: &Runner, n: usize) -> Result<(f64, f64), String> {
     check(r.run("pass").await)?;
     let before = memory_bytes()?;
     let limits = Limits::builder()
