@@ -72,7 +72,14 @@ except ImportError:
 PRELOAD_PACKAGES = tuple(getattr(_config, "PRELOAD", ()))
 _SITE = getattr(_config, "SITE", None)
 for _name in PRELOAD_PACKAGES:
-    importlib.import_module(_name)  # a module asked for that does not import fails the build
+    try:
+        importlib.import_module(_name)
+    except BaseException as _e:
+        # A module asked for that does not import fails the build; `pycage guest build`
+        # finds this line in componentize-py's output and reports it.
+        raise ImportError(
+            f"PYCAGE_PRELOAD_FAILED {_name}: {type(_e).__name__}: {_e}"
+        ) from _e
 
 pycage_runner.install_event_loop()
 

@@ -106,7 +106,16 @@ async fn build(args: GuestBuildArgs) -> Result<(), Failed> {
         "componentize" => progress.step("componentize (the packages and preloads imported)"),
         _ => progress.step("link (the snapshot made immortal, the libraries linked)"),
     })
-    .map_err(|e| internal(e.to_string()))?;
+    .map_err(|e| {
+        if e.is_preload_failure() {
+            usage(format!(
+                "{e}\n(a module that needs a part of the standard library the guest lacks, such \
+                 as `bz2` or `lzma`, cannot be preloaded; see the README's list)"
+            ))
+        } else {
+            internal(e.to_string())
+        }
+    })?;
 
     let manifest = GuestManifest::new(&component, PYTHON, packages, args.preload.clone());
     let sealed = seal(&component, &manifest).map_err(|e| internal(e.to_string()))?;
@@ -181,7 +190,8 @@ fn resolve(
         "pip",
         "install",
         "--disable-pip-version-check",
-        "--quiet",
+        "--progress-bar",
+        "off",
     ])
     .args(["--no-compile", "--target"])
     .arg(site)
@@ -200,23 +210,28 @@ fn resolve(
         cmd.arg("-r").arg(file);
     }
     cmd.args(&args.packages);
-    let out = cmd
-        .output()
-        .map_err(|e| internal(format!("running pip: {e}")))?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
+    let (ok, stdout, stderr) = run_pip(cmd).map_err(|e| internal(format!("running pip: {e}")))?;
+    if !ok {
         let pip_said = stderr.trim();
-        return Err(usage(match not_pure(&stderr) {
+        return Err(usage(match refused(&stdout, &stderr) {
             _ if unreachable_index(&stderr) => {
                 format!("pip could not reach the package index:\n{pip_said}")
             }
-            Some(name) if on_the_index(toolchain, &name) => format!(
-                "`{name}` has no pure-Python wheel for Python 3.14: it needs a C extension, or \
-                 is published only as a source distribution, and a wasm guest can hold neither. \
-                 Run code that needs it on an OS backend (--backend bubblewrap or docker), \
-                 whose Python installs it natively.\npip said:\n{pip_said}"
-            ),
-            Some(name) => format!("`{name}` is not on the package index.\npip said:\n{pip_said}"),
+            Some(Refused { name, needed_by }) if on_the_index(toolchain, &name) => {
+                let by = needed_by
+                    .map(|p| format!(" (needed by `{p}`)"))
+                    .unwrap_or_default();
+                format!(
+                    "`{name}`{by} has no pure-Python wheel for Python 3.14: it needs a C \
+                     extension, or is published only as a source distribution, and a wasm guest \
+                     can hold neither. Run code that needs it on an OS backend (--backend \
+                     bubblewrap or docker), whose Python installs it natively.\npip said:\n\
+                     {pip_said}"
+                )
+            }
+            Some(Refused { name, .. }) => {
+                format!("`{name}` is not on the package index.\npip said:\n{pip_said}")
+            }
             None => format!("pip could not resolve the packages:\n{pip_said}"),
         }));
     }
@@ -315,17 +330,75 @@ fn on_the_index(toolchain: &Toolchain, name: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// The distribution pip found no matching (pure-Python) wheel for.
-fn not_pure(pip_stderr: &str) -> Option<String> {
-    let line = pip_stderr
+/// Runs pip, saying on the terminal which distribution it collects as it goes; returns
+/// whether it succeeded and what it printed on stdout and stderr.
+fn run_pip(mut cmd: Command) -> std::io::Result<(bool, String, String)> {
+    use std::io::{BufRead, Read};
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let mut err = child.stderr.take().ok_or(std::io::ErrorKind::BrokenPipe)?;
+    let stderr = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = err.read_to_string(&mut text);
+        text
+    });
+    let mut stdout = String::new();
+    if let Some(out) = child.stdout.take() {
+        for line in std::io::BufReader::new(out).lines() {
+            let line = line?;
+            if let Some(what) = line.strip_prefix("Collecting ") {
+                eprintln!("  collecting {what}");
+            }
+            stdout.push_str(&line);
+            stdout.push('\n');
+        }
+    }
+    let status = child.wait()?;
+    let stderr = stderr.join().unwrap_or_default();
+    Ok((status.success(), stdout, stderr))
+}
+
+/// A distribution pip found no pure-Python wheel for, and the one that needs it.
+#[derive(Debug, PartialEq, Eq)]
+struct Refused {
+    name: String,
+    needed_by: Option<String>,
+}
+
+/// The distribution pip found no matching (pure-Python) wheel for: from its error, or, when
+/// it backtracked through every version of a package, from the dependency they all need.
+fn refused(pip_stdout: &str, pip_stderr: &str) -> Option<Refused> {
+    let name_of = |spec: &str| {
+        let name = spec
+            .trim()
+            .split(|c: char| "=<>!~[;() ".contains(c))
+            .next()
+            .unwrap_or("");
+        (!name.is_empty()).then(|| name.to_owned())
+    };
+    if let Some(line) = pip_stderr
         .lines()
-        .find(|l| l.contains("No matching distribution found for"))?;
-    let name = line.rsplit("found for").next()?.trim();
-    let name = name
-        .split(|c: char| "=<>!~[; ".contains(c))
-        .next()
-        .unwrap_or(name);
-    (!name.is_empty()).then(|| name.to_owned())
+        .find(|l| l.contains("No matching distribution found for"))
+    {
+        let name = name_of(line.rsplit("found for").next()?)?;
+        let needed_by = pip_stderr
+            .lines()
+            .find(|l| l.contains("satisfies the requirement") && l.contains("(from "))
+            .and_then(|l| l.split("(from ").nth(1))
+            .filter(|from| !from.starts_with("versions:"))
+            .and_then(name_of);
+        return Some(Refused { name, needed_by });
+    }
+    // "The conflict is caused by:\n    jinja2 3.1.6 depends on MarkupSafe>=2.0"
+    let line = pip_stdout.lines().find(|l| l.contains(" depends on "))?;
+    let (parent, dependency) = line.split_once(" depends on ")?;
+    Some(Refused {
+        name: name_of(dependency)?,
+        needed_by: name_of(parent),
+    })
 }
 
 /// The installed distributions of a pip `--report`, with their wheels' SHA-256.
@@ -441,14 +514,29 @@ mod tests {
 
     #[test]
     fn pip_naming_no_pure_wheel_is_read_by_name() {
+        let refused_as =
+            |stdout: &str, stderr: &str| refused(stdout, stderr).map(|r| (r.name, r.needed_by));
         let stderr = "ERROR: Could not find a version that satisfies the requirement pyyaml \
                       (from versions: none)\nERROR: No matching distribution found for pyyaml\n";
-        assert_eq!(not_pure(stderr).as_deref(), Some("pyyaml"));
+        assert_eq!(refused_as("", stderr), Some(("pyyaml".into(), None)));
         assert_eq!(
-            not_pure("ERROR: No matching distribution found for numpy==2.3.1").as_deref(),
-            Some("numpy")
+            refused_as("", "ERROR: No matching distribution found for numpy==2.3.1"),
+            Some(("numpy".into(), None))
         );
-        assert_eq!(not_pure("ERROR: something else"), None);
+        let stderr = "ERROR: Could not find a version that satisfies the requirement \
+                      MarkupSafe>=2.0 (from jinja2) (from versions: none)\nERROR: No matching \
+                      distribution found for MarkupSafe>=2.0\n";
+        assert_eq!(
+            refused_as("", stderr),
+            Some(("MarkupSafe".into(), Some("jinja2".into())))
+        );
+        let stdout = "The conflict is caused by:\n    jinja2 3.1.6 depends on MarkupSafe>=2.0\n\
+                      \x20   jinja2 2.8 depends on MarkupSafe\n";
+        assert_eq!(
+            refused_as(stdout, "ERROR: ResolutionImpossible: ..."),
+            Some(("MarkupSafe".into(), Some("jinja2".into())))
+        );
+        assert_eq!(refused_as("", "ERROR: something else"), None);
     }
 
     #[test]

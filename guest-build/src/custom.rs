@@ -6,6 +6,18 @@ use std::path::Path;
 
 use crate::{APP, BuildError, Result, SOURCES, Toolchain, WIT, WORLD, finish};
 
+/// The line `pycage_wasm.py` raises when a module to preload does not import, as a sentence.
+fn preload_failure(output: &str) -> Option<String> {
+    let line = output.lines().find_map(|l| {
+        l.split_once("ImportError: PYCAGE_PRELOAD_FAILED ")
+            .map(|(_, rest)| rest)
+    })?;
+    let (module, why) = line.split_once(": ")?;
+    Some(format!(
+        "--preload {module}: it does not import in the guest: {why}"
+    ))
+}
+
 /// What a custom guest is built from.
 #[derive(Debug, Clone)]
 pub struct CustomGuest<'a> {
@@ -57,15 +69,42 @@ pub fn build_custom(
     step("componentize");
     let out = guest.work.join("componentized.wasm");
     let no_packages = guest.work.join("no-packages");
-    toolchain.componentize(
-        &wit,
-        WORLD,
-        APP,
-        &[&src, guest.site_packages],
-        &no_packages,
-        &out,
-    )?;
+    toolchain
+        .componentize_captured(
+            &wit,
+            WORLD,
+            APP,
+            &[&src, guest.site_packages],
+            &no_packages,
+            &out,
+        )
+        .map_err(|output| match preload_failure(&output) {
+            Some(what) => BuildError::preload(what),
+            None => BuildError::new(output),
+        })?;
     let component = fs::read(&out).map_err(|e| io("reading componentize-py's output", e))?;
     step("finish");
     finish(&component)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::preload_failure;
+
+    #[test]
+    fn a_module_that_does_not_import_is_named_with_why() {
+        let output = "Traceback (most recent call last):\n  raise ImportError(\n    \
+                      f\"PYCAGE_PRELOAD_FAILED {_name}: {type(_e).__name__}: {_e}\"\n\
+                      ImportError: \
+                      PYCAGE_PRELOAD_FAILED networkx: ModuleNotFoundError: No module named \
+                      '_bz2'\n\nCaused by:\n    ImportError: PYCAGE_PRELOAD_FAILED networkx: ...";
+        assert_eq!(
+            preload_failure(output).as_deref(),
+            Some(
+                "--preload networkx: it does not import in the guest: ModuleNotFoundError: \
+                 No module named '_bz2'"
+            )
+        );
+        assert_eq!(preload_failure("Traceback: SyntaxError"), None);
+    }
 }

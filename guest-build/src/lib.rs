@@ -63,13 +63,30 @@ pub const WIT: &str = include_str!("../../wit/pycage.wit");
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuildError {
     message: String,
+    preload: bool,
 }
 
 impl BuildError {
     pub(crate) fn new(message: impl Into<String>) -> BuildError {
         BuildError {
             message: message.into(),
+            preload: false,
         }
+    }
+
+    /// A module a custom guest was asked to preload does not import in the guest; the
+    /// message names it and says why.
+    pub(crate) fn preload(message: impl Into<String>) -> BuildError {
+        BuildError {
+            message: message.into(),
+            preload: true,
+        }
+    }
+
+    /// True when the build failed because a module to preload does not import in the guest
+    /// (bad input, not a broken toolchain).
+    pub fn is_preload_failure(&self) -> bool {
+        self.preload
     }
 
     /// What went wrong, as a sentence.

@@ -93,6 +93,30 @@ impl Toolchain {
         &self.python
     }
 
+    /// componentize-py's command line for [`Toolchain::componentize`].
+    fn command(
+        &self,
+        wit: &Path,
+        world: &str,
+        app: &str,
+        paths: &[&Path],
+        site_packages_of: &Path,
+        out: &Path,
+    ) -> Command {
+        let mut cmd = Command::new(&self.componentize);
+        cmd.arg("-d")
+            .arg(wit)
+            .args(["-w", world, "componentize", app]);
+        for path in paths {
+            cmd.arg("-p").arg(path);
+        }
+        cmd.arg("-o").arg(out).env("VIRTUAL_ENV", site_packages_of);
+        if let Some(first) = paths.first() {
+            cmd.current_dir(first);
+        }
+        cmd
+    }
+
     /// Runs componentize-py: the WIT world `world` in `wit`, the app module `app` found in
     /// `paths` (searched in order; the first holds the app), written to `out`.
     ///
@@ -113,18 +137,34 @@ impl Toolchain {
         site_packages_of: &Path,
         out: &Path,
     ) -> Result<()> {
-        let mut cmd = Command::new(&self.componentize);
-        cmd.arg("-d")
-            .arg(wit)
-            .args(["-w", world, "componentize", app]);
-        for path in paths {
-            cmd.arg("-p").arg(path);
-        }
-        cmd.arg("-o").arg(out).env("VIRTUAL_ENV", site_packages_of);
-        if let Some(first) = paths.first() {
-            cmd.current_dir(first);
-        }
+        let mut cmd = self.command(wit, world, app, paths, site_packages_of, out);
         run(&mut cmd, "componentize-py (see its output above)")
+    }
+
+    /// [`Toolchain::componentize`] with its output captured: on failure, the error holds
+    /// everything it printed.
+    pub(crate) fn componentize_captured(
+        &self,
+        wit: &Path,
+        world: &str,
+        app: &str,
+        paths: &[&Path],
+        site_packages_of: &Path,
+        out: &Path,
+    ) -> std::result::Result<(), String> {
+        let mut cmd = self.command(wit, world, app, paths, site_packages_of, out);
+        let output = cmd
+            .output()
+            .map_err(|e| format!("running componentize-py: {e}"))?;
+        if output.status.success() {
+            return Ok(());
+        }
+        Err(format!(
+            "componentize-py failed ({}):\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ))
     }
 }
 
