@@ -20,9 +20,9 @@ pub async fn mcp(args: McpArgs) -> Exit {
             return Exit::Usage;
         }
     };
-    if let Err(message) = crate::sandbox::prepare_server_guest(&config.backend).await {
+    if let Err((exit, message)) = crate::sandbox::prepare_server_guest(&config).await {
         eprintln!("pycage: {message}");
-        return Exit::Internal;
+        return exit;
     }
     let tool = match PythonTool::start(&config).await {
         Ok(tool) => tool,
@@ -144,6 +144,9 @@ pub(crate) fn apply_sandbox_flags(
         config.backend.clone_from(backend);
     }
     config.allow_no_isolation |= flags.allow_no_isolation;
+    if flags.guest.is_some() {
+        config.guest.clone_from(&flags.guest);
+    }
     let limits = &mut config.limits;
     if let Some(d) = flags.timeout {
         limits.wall_timeout = d;

@@ -124,16 +124,25 @@ pub fn describe_source(source: pycage::ArtifactSource) -> &'static str {
 /// A server's start on the wasm backend: loads (or compiles) the shared guest before the
 /// server takes requests, and says on stderr which it was and how long it took, so an
 /// operator sees whether a baked artifact was used. Other backends: nothing to do.
-pub async fn prepare_server_guest(backend: &str) -> Result<(), String> {
-    if backend != "wasm" {
+pub async fn prepare_server_guest(
+    config: &pycage_server::ServerConfig,
+) -> Result<(), (crate::exit::Exit, String)> {
+    use crate::exit::Exit;
+    if config.backend != "wasm" {
         return Ok(());
     }
-    let wasm = WasmBackend::shared().map_err(|e| e.to_string())?;
+    let wasm = match pycage_server::guest_backend(config).map_err(|e| (Exit::Usage, e))? {
+        Some(wasm) => wasm,
+        None => WasmBackend::shared().map_err(|e| (Exit::Internal, e.to_string()))?,
+    };
     if !wasm.is_cached() {
         eprintln!("pycage: compiling the sandbox (first run only; this takes a few seconds)...");
     }
     let started = std::time::Instant::now();
-    let source = wasm.prepare().await.map_err(|e| e.to_string())?;
+    let source = wasm
+        .prepare()
+        .await
+        .map_err(|e| (Exit::Internal, e.to_string()))?;
     eprintln!(
         "pycage: the sandbox: {} in {:.0} ms",
         describe_source(source),

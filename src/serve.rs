@@ -27,9 +27,9 @@ pub async fn serve(args: ServeArgs) -> Exit {
         Ok(token) => token,
         Err(exit) => return exit,
     };
-    if let Err(message) = crate::sandbox::prepare_server_guest(&config.backend).await {
+    if let Err((exit, message)) = crate::sandbox::prepare_server_guest(&config).await {
         eprintln!("pycage: {message}");
-        return Exit::Internal;
+        return exit;
     }
     let api = match HttpApi::start(&config).await {
         Ok(api) => Arc::new(api),

@@ -285,6 +285,22 @@ fn a_distribution_with_a_c_extension_is_refused_by_name() {
     );
     assert!(!out_file.exists(), "nothing is written");
 
+    // A pure package whose dependency is not: the dependency is named, and what needs it.
+    let out = in_shared_cache(&[
+        "guest",
+        "build",
+        "--package",
+        "jinja2==3.1.6",
+        "-o",
+        out_file.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("`MarkupSafe` (needed by `jinja2`) has no pure-Python wheel"),
+        "{stderr}"
+    );
+
     // A name the index does not have is said to be missing, not impure.
     let out = in_shared_cache(&[
         "guest",
@@ -300,4 +316,48 @@ fn a_distribution_with_a_c_extension_is_refused_by_name() {
         stderr.contains("`no-such-distribution-pycage-test` is not on the package index"),
         "{stderr}"
     );
+}
+
+#[tokio::test]
+async fn pycage_mcp_serves_a_guest_file_and_its_description_names_the_packages() {
+    use rmcp::ServiceExt;
+    use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+    let Some(guest) = packaged() else { return };
+    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_pycage")).configure(|c| {
+        c.args(["mcp", "--guest"])
+            .arg(&guest)
+            .env("PYCAGE_CACHE_DIR", os_support::packaged_guest_cache());
+    });
+    let (transport, _stderr) = TokioChildProcess::builder(command)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = ().serve(transport).await.unwrap();
+    let tools = client.list_all_tools().await.unwrap();
+    let run = tools.iter().find(|t| t.name == "run_python").unwrap();
+    let description = run.description.as_deref().unwrap();
+    assert!(description.contains("(import `dateutil`)"), "{description}");
+    let serde_json::Value::Object(arguments) =
+        json!({"code": "from tabulate import tabulate\nreturn tabulate([[1, 2]])"})
+    else {
+        unreachable!()
+    };
+    let r = client
+        .call_tool(rmcp::model::CallToolRequestParams::new("run_python").with_arguments(arguments))
+        .await
+        .unwrap();
+    let s = r.structured_content.unwrap();
+    assert_eq!(s["value"], json!("-  -\n1  2\n-  -"), "{s:#}");
+    client.cancel().await.unwrap();
+
+    // A guest file the servers cannot use is refused before they serve.
+    let dir = tempfile::tempdir().unwrap();
+    let foreign = dir.path().join("foreign.wasm");
+    std::fs::write(&foreign, b"\0asm\x01\x00\x00\x00").unwrap();
+    for command in ["mcp", "serve"] {
+        let out = pycage(&[command, "--guest", foreign.to_str().unwrap()], dir.path());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(stderr.contains("not a pycage guest"), "{command}: {stderr}");
+    }
 }

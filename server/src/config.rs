@@ -45,6 +45,10 @@ pub struct ServerConfig {
     pub backend: String,
     /// Accept a backend that provides no isolation (`local`). Off by default.
     pub allow_no_isolation: bool,
+    /// A guest file (`pycage guest build`: packages baked in) for the wasm backend to run
+    /// instead of the built-in guest. A relative path is resolved against the config file's
+    /// directory.
+    pub guest: Option<PathBuf>,
     /// Tools TOML files whose command tools join the built-ins. Relative paths are resolved
     /// against the directory of the config file they were read from.
     pub tools: Vec<PathBuf>,
@@ -70,6 +74,7 @@ impl Default for ServerConfig {
         ServerConfig {
             backend: "wasm".into(),
             allow_no_isolation: false,
+            guest: None,
             tools: Vec::new(),
             policy: PolicyConfig::default(),
             limits: LimitsBuilder::default(),
@@ -252,6 +257,11 @@ impl ServerConfig {
         {
             *token = base.join(&*token);
         }
+        if let Some(guest) = &mut config.guest
+            && guest.is_relative()
+        {
+            *guest = base.join(&*guest);
+        }
         Ok(config)
     }
 
@@ -296,6 +306,12 @@ impl ServerConfig {
         self.sessions
             .validate()
             .map_err(|e| ConfigError::Invalid(format!("[sessions]: {}", e.message)))?;
+        if self.guest.is_some() && self.backend != "wasm" {
+            return Err(ConfigError::Invalid(format!(
+                "guest needs backend = \"wasm\"; `{}` runs the host's own Python",
+                self.backend
+            )));
+        }
         if let Some(addr) = self.http.listen
             && !addr.ip().is_loopback()
             && self.http.token_file.is_none()

@@ -182,3 +182,16 @@ fn upstream_tables_read_resolve_against_the_file_and_are_checked() {
         .unwrap_err();
     assert!(e.to_string().contains("identifier"), "{e}");
 }
+
+#[test]
+fn a_guest_file_is_read_against_the_config_file_and_needs_the_wasm_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pycage.toml");
+    std::fs::write(&path, "guest = \"guests/mine.wasm\"\n").unwrap();
+    let config = ServerConfig::from_file(&path).unwrap();
+    assert_eq!(config.guest, Some(dir.path().join("guests/mine.wasm")));
+    config.validate().unwrap();
+    let bwrap = ServerConfig::from_toml("backend = \"bubblewrap\"\nguest = \"g.wasm\"\n").unwrap();
+    let e = bwrap.validate().unwrap_err().to_string();
+    assert!(e.contains("guest needs backend = \"wasm\""), "{e}");
+}

@@ -30,8 +30,11 @@ pub fn runner(
         allow: config.policy.allow.clone(),
         approve: config.policy.approve.clone(),
     };
-    let backend =
-        backend_by_name(&config.backend, &BackendOptions::new()).map_err(|e| e.to_string())?;
+    let mut options = BackendOptions::new();
+    if let Some(wasm) = guest_backend(config)? {
+        options = options.wasm(wasm);
+    }
+    let backend = backend_by_name(&config.backend, &options).map_err(|e| e.to_string())?;
     if let pycage::Availability::Unavailable(why) = backend.availability() {
         return Err(format!(
             "backend `{}` cannot run here: {why}",
@@ -52,6 +55,21 @@ pub fn runner(
             ),
             other => other.to_string(),
         })
+}
+
+/// The wasm backend on `config`'s guest file, or `None` when it names none (the built-in
+/// guest, [`WasmBackend::shared`](pycage::WasmBackend::shared)). `Err` says why the file is
+/// refused.
+pub fn guest_backend(config: &ServerConfig) -> Result<Option<pycage::WasmBackend>, String> {
+    let Some(path) = &config.guest else {
+        return Ok(None);
+    };
+    let guest = pycage::Guest::from_path(path).map_err(|e| format!("guest: {e}"))?;
+    pycage::WasmBackend::builder()
+        .guest(guest)
+        .build()
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 /// How often a server's sessions are swept for expiry, so an expired session's guest goes
