@@ -28,6 +28,10 @@ use std::str::FromStr;
 use ipnet::IpNet;
 use url::{Host, Url};
 
+pub mod fetch;
+
+pub use fetch::{FetchLimits, FetchTool};
+
 /// The prefix of a secret's placeholder: `PYCAGE_SECRET_` and the secret's name.
 pub const PLACEHOLDER_PREFIX: &str = "PYCAGE_SECRET_";
 
