@@ -9,7 +9,7 @@
 //!   between a check and a connect);
 //! - no proxy from the environment (a proxy would resolve the name itself);
 //! - redirects are followed here, not by the client, each new URL checked as the first was;
-//!   on a redirect to another host, credentials (`Authorization`, `Cookie`, and any header
+//!   on a redirect to another origin, credentials (`Authorization`, `Cookie`, and any header
 //!   that held a secret's placeholder) are dropped, as browsers drop them;
 //! - the request's size, the response's size and headers, the number of redirects and the
 //!   time are capped ([`FetchLimits`]).
@@ -313,9 +313,9 @@ impl Inner {
         let mut previous: Option<Target> = None;
         loop {
             let (_, target) = self.policy.check_url(&url).map_err(refused)?;
-            if let Some(previous) = &previous
-                && previous.host != target.host
-            {
+            // Another origin (host, port or scheme: an https-to-http redirect on the same
+            // host counts) gets no credentials.
+            if previous.as_ref().is_some_and(|p| *p != target) {
                 headers.retain(|(name, value)| {
                     !CREDENTIAL_HEADERS.contains(&name.as_str())
                         && !value.contains(PLACEHOLDER_PREFIX)
