@@ -41,6 +41,20 @@ async fn server() -> Server {
             "/to-localhost",
             get(|| async { (Status::FOUND, [(header::LOCATION, "/auth")]) }),
         )
+        .route(
+            "/to-port",
+            get(
+                |axum::extract::Query(q): axum::extract::Query<
+                    std::collections::HashMap<String, String>,
+                >| async move {
+                    let to = format!(
+                        "http://127.0.0.1:{}/auth",
+                        q.get("port").cloned().unwrap_or_default()
+                    );
+                    (Status::FOUND, [(header::LOCATION, to)])
+                },
+            ),
+        )
         .route("/big", get(|| async { vec![b'x'; 3 << 20] }))
         .route(
             "/binary",
@@ -276,4 +290,27 @@ async fn bad_arguments_are_refused_by_name() {
             "{value}: {e}"
         );
     }
+}
+
+#[tokio::test]
+async fn credentials_are_dropped_on_a_redirect_to_another_origin() {
+    let (a, b) = (server().await, server().await);
+    let t = tool(loopback_policy(), Secrets::new());
+    let auth = json!({"Authorization": "Bearer abc"});
+    // The same origin keeps them; another port is another origin.
+    let r = call(
+        &t,
+        json!({"url": format!("http://127.0.0.1:{}/to-port?port={}", a.port, a.port), "headers": auth}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r["body"], "Bearer abc");
+    let r = call(
+        &t,
+        json!({"url": format!("http://127.0.0.1:{}/to-port?port={}", a.port, b.port), "headers": auth}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r["body"], "");
+    assert_eq!(b.requests.load(Ordering::SeqCst), 1);
 }
