@@ -415,6 +415,23 @@ pub struct SandboxArgs {
     #[arg(long = "tools", value_name = "FILE")]
     pub tools: Vec<PathBuf>,
 
+    /// Let the code make HTTP(S) requests to this host through the `net.fetch` tool
+    /// (repeatable): `example.com`, `*.example.com`, with `:PORT` or `https://` to narrow.
+    /// Exposes the tool. Everything else stays unreachable.
+    #[arg(long = "net-allow", value_name = "HOST[:PORT]")]
+    pub net_allow: Vec<String>,
+
+    /// Let `net.fetch` connect to this internal range (loopback, private, ...), which is
+    /// refused by default even for an allowed host: `127.0.0.1/32` (repeatable).
+    #[arg(long = "net-allow-address", value_name = "CIDR")]
+    pub net_allow_address: Vec<String>,
+
+    /// A secret for `net.fetch`: NAME=ENV_VAR@HOST[,HOST...] (repeatable). The code writes
+    /// `PYCAGE_SECRET_NAME` where the value goes; the host puts the value of ENV_VAR in, for
+    /// those hosts only, and the code never sees it.
+    #[arg(long = "secret", value_name = "NAME=ENV_VAR@HOSTS")]
+    pub secrets: Vec<String>,
+
     /// Expose the tools of this namespace.
     #[arg(long, value_name = "NS")]
     pub namespace: Option<String>,

@@ -16,12 +16,58 @@ pub fn tools(args: &SandboxArgs) -> Result<(ToolRegistry, ToolPolicy), String> {
             .extend(loaded)
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    let policy = ToolPolicy {
+    let mut policy = ToolPolicy {
         namespace: args.namespace.clone(),
         allow: args.allow.clone(),
         approve: Vec::new(),
     };
+    if let Some(fetch) = net_tool(args)? {
+        tools.register(fetch).map_err(|e| e.to_string())?;
+        policy.allow.push("net.fetch".into());
+    }
     Ok((tools, policy))
+}
+
+/// The `net.fetch` tool the `--net-allow`, `--net-allow-address` and `--secret` flags make;
+/// `None` without `--net-allow`.
+fn net_tool(args: &SandboxArgs) -> Result<Option<pycage_tools::net::FetchTool>, String> {
+    use pycage_tools::net::{FetchLimits, FetchTool, HostPattern, NetPolicy, Secret, Secrets};
+    if args.net_allow.is_empty() {
+        if !args.secrets.is_empty() || !args.net_allow_address.is_empty() {
+            return Err("--secret and --net-allow-address need --net-allow".into());
+        }
+        return Ok(None);
+    }
+    let mut policy = NetPolicy::new();
+    for host in &args.net_allow {
+        policy = policy.allow(
+            host.parse::<HostPattern>()
+                .map_err(|e| format!("--net-allow: {e}"))?,
+        );
+    }
+    for range in &args.net_allow_address {
+        let range = range
+            .parse()
+            .map_err(|e| format!("--net-allow-address {range:?}: {e}"))?;
+        policy = policy.allow_address(range);
+    }
+    let mut secrets = Secrets::new();
+    for spec in &args.secrets {
+        let bad = || format!("--secret {spec:?}: give NAME=ENV_VAR@HOST[,HOST...]");
+        let (name, rest) = spec.split_once('=').ok_or_else(bad)?;
+        let (var, hosts) = rest.split_once('@').ok_or_else(bad)?;
+        let value = std::env::var(var)
+            .map_err(|_| format!("--secret {name}: the environment variable {var} is not set"))?;
+        let hosts = hosts
+            .split(',')
+            .map(|h| {
+                h.parse::<HostPattern>()
+                    .map_err(|e| format!("--secret {name}: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        secrets = secrets.with(Secret::new(name, value, hosts)?);
+    }
+    FetchTool::new(policy, secrets, FetchLimits::default()).map(Some)
 }
 
 /// The limits the flags set, the defaults for the rest.
