@@ -1,0 +1,203 @@
+//! `net.fetch` from the CLI, against a loopback server of the test's own that counts the
+//! connections it accepts: allowed requests go, refused ones never connect, and a secret's
+//! value reaches the server only, never the code, its output or the logs.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test reports by panicking"
+)]
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use axum::routing::{get, post};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A listener that counts the connections it accepts.
+struct Counting {
+    inner: TcpListener,
+    accepted: Arc<AtomicUsize>,
+}
+
+impl axum::serve::Listener for Counting {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+        loop {
+            if let Ok(pair) = self.inner.accept().await {
+                self.accepted.fetch_add(1, Ordering::SeqCst);
+                return pair;
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+struct Server {
+    port: u16,
+    accepted: Arc<AtomicUsize>,
+    /// The last `Authorization` header the server saw.
+    seen: Arc<std::sync::Mutex<String>>,
+}
+
+async fn server() -> Server {
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(String::new()));
+    let noted = seen.clone();
+    let app = Router::new()
+        .route("/hello", get(|| async { "hello" }))
+        .route("/echo", post(|body: Bytes| async move { body }))
+        .route(
+            "/auth",
+            get(move |h: HeaderMap| {
+                let noted = noted.clone();
+                async move {
+                    let auth = h
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned();
+                    *noted.lock().unwrap() = auth.clone();
+                    format!("you sent: {auth}")
+                }
+            }),
+        );
+    let inner = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = inner.local_addr().unwrap().port();
+    let listener = Counting {
+        inner,
+        accepted: accepted.clone(),
+    };
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Server {
+        port,
+        accepted,
+        seen,
+    }
+}
+
+fn pycage(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pycage"));
+    cmd.args(args).env("PYCAGE_LOG", "pycage::audit=info");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fetch_reaches_an_allowed_host_and_nothing_else() {
+    let s = server().await;
+    let allow = format!("127.0.0.1:{}", s.port);
+    let code = format!(
+        "got = await fetch(url='http://127.0.0.1:{p}/hello')\n\
+         sent = await fetch(url='http://127.0.0.1:{p}/echo', method='POST', body='ping')\n\
+         return [got['status'], got['body'], sent['body']]",
+        p = s.port
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        pycage(
+            &[
+                "run",
+                "--net-allow",
+                &allow,
+                "--net-allow-address",
+                "127.0.0.1/32",
+                "-c",
+                &code,
+            ],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        r#"[200,"hello","ping"]"#
+    );
+    let before = s.accepted.load(Ordering::SeqCst);
+    assert!(before >= 1);
+
+    // Another host: refused by the policy, no connection made.
+    let code = format!(
+        "return await fetch(url='http://localhost:{}/hello')",
+        s.port
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        pycage(&["run", "--net-allow", "example.com", "-c", &code], &[])
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is not on the network allowlist"),
+        "{stderr}"
+    );
+    assert_eq!(s.accepted.load(Ordering::SeqCst), before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_secret_reaches_its_host_only() {
+    let s = server().await;
+    let allow = format!("127.0.0.1:{}", s.port);
+    let secret = format!("TOKEN=PYCAGE_TEST_TOKEN@127.0.0.1:{}", s.port);
+    let code = format!(
+        "r = await fetch(url='http://127.0.0.1:{p}/auth', headers={{'Authorization': 'Bearer PYCAGE_SECRET_TOKEN'}})\n\
+         print(r['body'])\n\
+         try:\n    await fetch(url='http://example.com/', headers={{'Authorization': 'PYCAGE_SECRET_TOKEN'}})\n\
+         except ToolError as e:\n    print('refused:', e)\n\
+         return r",
+        p = s.port
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        pycage(
+            &[
+                "run",
+                "--json",
+                "--net-allow",
+                &allow,
+                "--net-allow",
+                "example.com",
+                "--net-allow-address",
+                "127.0.0.1/32",
+                "--secret",
+                &secret,
+                "-c",
+                &code,
+            ],
+            &[("PYCAGE_TEST_TOKEN", "tok-9f8e7d")],
+        )
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(*s.seen.lock().unwrap(), "Bearer tok-9f8e7d");
+    assert!(
+        stdout.contains("you sent: Bearer PYCAGE_SECRET_TOKEN"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("secret TOKEN may not be sent to example.com:80"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("network request"),
+        "the audit log: {stderr}"
+    );
+    for text in [&stdout, &stderr] {
+        assert!(!text.contains("tok-9f8e7d"), "{text}");
+    }
+}
