@@ -433,8 +433,15 @@ def invoke_tool(call, name, kwargs):
         raise ToolError("failed", "the tool result is not JSON") from None
 
 
+# The tool transport of the run going on, for library code that reaches tools on the code's
+# behalf (``urllib.request`` through ``net.fetch``); a list so that setting it does not grow
+# this module's dict after the snapshot.
+CURRENT_CALL = [None]
+
+
 def make_globals(call, tools, variables):
     """The globals the code runs in: builtins, initial variables, tools and ``call_tool``."""
+    CURRENT_CALL[0] = call
     g = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
     g.update(variables)
 

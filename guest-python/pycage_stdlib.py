@@ -125,9 +125,69 @@ def _fix_multiprocessing_connection(module):
     module.Pipe = _no_processes
 
 
+def _fix_urllib_request(module):
+    """``urlopen`` of an http or https URL goes through the host's ``net.fetch`` tool, which
+    applies the run's network allowlist; every opener has it (the default ``HTTPHandler``
+    opens both schemes, as this CPython has no ``ssl``). A refusal is a ``URLError`` with the
+    host's reason; a status of 400 or more an ``HTTPError``, as urllib's users expect."""
+
+    def _open(self, req):
+        import base64
+        import email.message
+        import http
+        import io
+        import urllib.error
+        import urllib.response
+
+        import pycage_runner
+
+        call = pycage_runner.CURRENT_CALL[0]
+        if call is None:
+            raise urllib.error.URLError("no network: there is no run")
+        data = req.data
+        if data is not None and not isinstance(data, (bytes, bytearray)):
+            data = b"".join(data)
+        args = {
+            "url": req.full_url,
+            "method": req.get_method(),
+            # urllib adds Host and the framing headers itself; the host's client sets them.
+            "headers": {
+                k: v
+                for k, v in req.header_items()
+                if k.lower() not in ("host", "content-length", "connection", "transfer-encoding")
+            },
+        }
+        if data is not None:
+            args["body_base64"] = base64.b64encode(data).decode("ascii")
+        try:
+            r = pycage_runner.invoke_tool(call, "net.fetch", args)
+        except pycage_runner.ToolError as e:
+            reason = str(e)
+            if e.kind in ("not-found", "denied"):
+                reason = f"no network: {reason} (the host exposes net.fetch with --net-allow)"
+            raise urllib.error.URLError(reason) from None
+        if "body" in r:
+            body = r["body"].encode("utf-8")
+        else:
+            body = base64.b64decode(r["body_base64"])
+        headers = email.message.Message()
+        for name, value in r["headers"].items():
+            headers[name] = value
+        response = urllib.response.addinfourl(io.BytesIO(body), headers, r["url"], r["status"])
+        try:
+            response.msg = http.HTTPStatus(r["status"]).phrase
+        except ValueError:
+            response.msg = ""
+        return response
+
+    module.HTTPHandler.http_open = _open
+    module.HTTPHandler.https_open = _open
+
+
 # Fixes applied to a module once it has run, so that what cannot work here fails with the
 # error that code written for it expects.
 _FIXES = {
+    "urllib.request": _fix_urllib_request,
     "multiprocessing.context": _fix_multiprocessing_context,
     "multiprocessing.connection": _fix_multiprocessing_connection,
 }

@@ -201,3 +201,41 @@ async fn a_secret_reaches_its_host_only() {
         assert!(!text.contains("tok-9f8e7d"), "{text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn urllib_goes_through_fetch_unchanged() {
+    let s = server().await;
+    let allow = format!("127.0.0.1:{}", s.port);
+    let code = format!(
+        "import urllib.request, urllib.error\n\
+         with urllib.request.urlopen('http://127.0.0.1:{p}/hello') as r:\n    got = [r.status, r.read().decode()]\n\
+         sent = urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:{p}/echo', data=b'ping')).read().decode()\n\
+         try:\n    urllib.request.urlopen('http://127.0.0.1:{p}/missing')\n\
+         except urllib.error.HTTPError as e:\n    missing = e.code\n\
+         try:\n    urllib.request.urlopen('https://example.com/')\n\
+         except urllib.error.URLError as e:\n    refused = str(e.reason)\n\
+         return [got, sent, missing, refused]",
+        p = s.port
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        pycage(
+            &[
+                "run",
+                "--net-allow",
+                &allow,
+                "--net-allow-address",
+                "127.0.0.1/32",
+                "-c",
+                &code,
+            ],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        r#"[[200,"hello"],"ping",404,"example.com:443 is not on the network allowlist"]"#
+    );
+}

@@ -192,7 +192,7 @@ async fn what_imports_but_cannot_work_here_raises_the_usual_os_errors() {
         ),
         (
             "import urllib.request\nurllib.request.urlopen('http://example.com/')",
-            "URLError: <urlopen error [Errno 2] Permission denied>",
+            "URLError: <urlopen error no network: tool `net.fetch` is not available",
         ),
     ] {
         let r = run(code).await;
