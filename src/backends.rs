@@ -13,11 +13,13 @@ use crate::cli::BackendsArgs;
 use crate::exit::Exit;
 
 /// The backend called `name`, and the wasm backend when it is that one (for the first-run
-/// notice); deterministic with `seed` and running `guest` (the wasm backend only).
+/// notice); deterministic with `seed` and running `guest` (the wasm backend only); with the
+/// network when `network` (bubblewrap and docker only).
 pub fn by_name(
     name: &str,
     seed: Option<u64>,
     guest: Option<&Path>,
+    network: bool,
 ) -> Result<(Arc<dyn Backend>, Option<WasmBackend>), String> {
     if seed.is_some() && name != "wasm" {
         return Err(format!(
@@ -29,8 +31,8 @@ pub fn by_name(
             "--guest needs the wasm backend; `{name}` runs the host's own Python"
         ));
     }
-    let mut options = BackendOptions::new();
-    let wasm = if name == "wasm" {
+    let mut options = BackendOptions::new().allow_network(network);
+    let wasm = if name == "wasm" && !network {
         // One run needs one instance: reserve pooling slots for a few, not for a thousand.
         let mut builder = WasmBackend::builder().max_instances(2);
         if let Some(seed) = seed {
@@ -55,7 +57,7 @@ pub fn list(args: BackendsArgs) -> Exit {
     let rows: Vec<_> = BACKEND_NAMES
         .iter()
         .map(|name| {
-            let (isolation, sessions, availability) = match by_name(name, None, None) {
+            let (isolation, sessions, availability) = match by_name(name, None, None, false) {
                 Ok((backend, w)) => {
                     if w.is_some() {
                         wasm = w;
@@ -94,6 +96,7 @@ pub fn list(args: BackendsArgs) -> Exit {
                     "available": availability.is_available(),
                     "reason": reason,
                     "reason_kind": kind,
+                    "network": network_note(name),
                 });
                 if *name == "wasm"
                     && let Some(in_place) = in_place
@@ -107,8 +110,8 @@ pub fn list(args: BackendsArgs) -> Exit {
         return Exit::Ok;
     }
     println!(
-        "{:<16} {:<10} {:<9} AVAILABILITY",
-        "BACKEND", "ISOLATION", "SESSIONS"
+        "{:<16} {:<10} {:<9} {:<29} AVAILABILITY",
+        "BACKEND", "ISOLATION", "SESSIONS", "NETWORK"
     );
     for (name, isolation, sessions, availability) in &rows {
         let isolation = if *isolation { "yes" } else { "NONE" };
@@ -117,7 +120,8 @@ pub fn list(args: BackendsArgs) -> Exit {
             ("local", Availability::Available) => " (only with --allow-no-isolation)",
             _ => "",
         };
-        println!("{name:<16} {isolation:<10} {sessions:<9} {availability}{note}");
+        let network = network_note(name);
+        println!("{name:<16} {isolation:<10} {sessions:<9} {network:<29} {availability}{note}");
     }
     println!();
     println!("process trees of native runs: {containment}");
@@ -128,6 +132,17 @@ pub fn list(args: BackendsArgs) -> Exit {
         );
     }
     Exit::Ok
+}
+
+/// How code on the backend `name` can reach the network: the `net.fetch` tool everywhere
+/// (`--net-allow`); the whole network too with `--allow-network` on bubblewrap and docker;
+/// always, unfiltered, on `local`.
+pub fn network_note(name: &str) -> &'static str {
+    match name {
+        "bubblewrap" | "docker" => "--net-allow, --allow-network",
+        "local" => "unfiltered (no isolation)",
+        _ => "--net-allow",
+    }
 }
 
 /// How the wasm backend's used memory slots are made fresh again, and why (SECURITY.md).

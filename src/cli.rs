@@ -421,6 +421,12 @@ pub struct SandboxArgs {
     #[arg(long = "net-allow", value_name = "HOST[:PORT]")]
     pub net_allow: Vec<String>,
 
+    /// Give a bubblewrap or docker sandbox the network, unfiltered: bubblewrap shares the
+    /// host's network namespace (the host's loopback services included), docker joins the
+    /// default bridge. Off by default; --net-allow is the way to reach a list of hosts.
+    #[arg(long = "allow-network")]
+    pub allow_network: bool,
+
     /// Let `net.fetch` connect to this internal range (loopback, private, ...), which is
     /// refused by default even for an allowed host: `127.0.0.1/32` (repeatable).
     #[arg(long = "net-allow-address", value_name = "CIDR")]

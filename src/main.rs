@@ -34,6 +34,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const ENV_LOG: &str = "PYCAGE_LOG";
 
 fn main() -> ExitCode {
+    // Before any HTTP client exists (an MCP upstream's, net.fetch's): see the function.
+    pycage_tools::net::install_crypto_provider();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -97,7 +97,7 @@ fn config(args: &McpArgs) -> Result<ServerConfig, String> {
         Some(path) => ServerConfig::from_file(path).map_err(|e| e.to_string())?,
         None => ServerConfig::default(),
     };
-    apply_sandbox_flags(&mut config, &args.sandbox, &args.approve);
+    apply_sandbox_flags(&mut config, &args.sandbox, &args.approve)?;
     if let Some(n) = args.max_concurrent {
         config.runs.max_concurrent = n;
     }
@@ -129,8 +129,19 @@ pub(crate) fn apply_sandbox_flags(
     config: &mut ServerConfig,
     flags: &SandboxArgs,
     approve: &[String],
-) {
+) -> Result<(), String> {
     config.tools.extend(flags.tools.iter().cloned());
+    config.allow_network |= flags.allow_network;
+    config.net.allow.extend(flags.net_allow.iter().cloned());
+    config
+        .net
+        .allow_addresses
+        .extend(flags.net_allow_address.iter().cloned());
+    for spec in &flags.secrets {
+        let secret =
+            pycage_tools::net::SecretConfig::parse_flag(spec).map_err(|e| format!("--{e}"))?;
+        config.net.secrets.push(secret);
+    }
     if flags.namespace.is_some() {
         config.policy.namespace.clone_from(&flags.namespace);
     }
@@ -169,6 +180,7 @@ pub(crate) fn apply_sandbox_flags(
     if let Some(n) = flags.max_files {
         limits.max_files = n;
     }
+    Ok(())
 }
 
 /// The bearer token of `[http] token_file`, if one is set; a usage error (said on stderr)

@@ -22,6 +22,12 @@ pub fn tools(args: &SandboxArgs) -> Result<(ToolRegistry, ToolPolicy), String> {
         approve: Vec::new(),
     };
     if let Some(fetch) = net_tool(args)? {
+        if let Some(ns) = args.namespace.as_deref().filter(|ns| *ns != "net") {
+            return Err(format!(
+                "--net-allow exposes the tool net.fetch, outside the pinned namespace `{ns}`: \
+                 drop --namespace and name the tools with --allow"
+            ));
+        }
         tools.register(fetch).map_err(|e| e.to_string())?;
         policy.allow.push("net.fetch".into());
     }
@@ -31,43 +37,26 @@ pub fn tools(args: &SandboxArgs) -> Result<(ToolRegistry, ToolPolicy), String> {
 /// The `net.fetch` tool the `--net-allow`, `--net-allow-address` and `--secret` flags make;
 /// `None` without `--net-allow`.
 fn net_tool(args: &SandboxArgs) -> Result<Option<pycage_tools::net::FetchTool>, String> {
-    use pycage_tools::net::{FetchLimits, FetchTool, HostPattern, NetPolicy, Secret, Secrets};
+    use pycage_tools::net::{NetConfig, SecretConfig};
     if args.net_allow.is_empty() {
         if !args.secrets.is_empty() || !args.net_allow_address.is_empty() {
             return Err("--secret and --net-allow-address need --net-allow".into());
         }
         return Ok(None);
     }
-    let mut policy = NetPolicy::new();
-    for host in &args.net_allow {
-        policy = policy.allow(
-            host.parse::<HostPattern>()
-                .map_err(|e| format!("--net-allow: {e}"))?,
-        );
-    }
-    for range in &args.net_allow_address {
-        let range = range
-            .parse()
-            .map_err(|e| format!("--net-allow-address {range:?}: {e}"))?;
-        policy = policy.allow_address(range);
-    }
-    let mut secrets = Secrets::new();
-    for spec in &args.secrets {
-        let bad = || format!("--secret {spec:?}: give NAME=ENV_VAR@HOST[,HOST...]");
-        let (name, rest) = spec.split_once('=').ok_or_else(bad)?;
-        let (var, hosts) = rest.split_once('@').ok_or_else(bad)?;
-        let value = std::env::var(var)
-            .map_err(|_| format!("--secret {name}: the environment variable {var} is not set"))?;
-        let hosts = hosts
-            .split(',')
-            .map(|h| {
-                h.parse::<HostPattern>()
-                    .map_err(|e| format!("--secret {name}: {e}"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        secrets = secrets.with(Secret::new(name, value, hosts)?);
-    }
-    FetchTool::new(policy, secrets, FetchLimits::default()).map(Some)
+    let config = NetConfig {
+        allow: args.net_allow.clone(),
+        allow_addresses: args.net_allow_address.clone(),
+        secrets: args
+            .secrets
+            .iter()
+            .map(|spec| SecretConfig::parse_flag(spec))
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("--{e}"))?,
+    };
+    config
+        .fetch_tool(|var| std::env::var(var).ok())
+        .map_err(|e| format!("net.fetch: {e}"))
 }
 
 /// The limits the flags set, the defaults for the rest.
@@ -98,6 +87,7 @@ pub fn runner(
         args.backend.as_deref().unwrap_or("wasm"),
         args.seed(),
         args.guest.as_deref(),
+        args.allow_network,
     )?;
     let mut builder = Runner::builder()
         .backend(backend)

@@ -68,7 +68,7 @@ fn config(args: &ServeArgs) -> Result<(ServerConfig, SocketAddr), String> {
         Some(path) => ServerConfig::from_file(path).map_err(|e| e.to_string())?,
         None => ServerConfig::default(),
     };
-    crate::mcp::apply_sandbox_flags(&mut config, &args.sandbox, &args.approve);
+    crate::mcp::apply_sandbox_flags(&mut config, &args.sandbox, &args.approve)?;
     if let Some(n) = args.max_concurrent_runs {
         config.runs.max_concurrent = n;
     }

@@ -18,6 +18,9 @@ use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use tokio::net::{TcpListener, TcpStream};
 
+#[path = "os_support/mod.rs"]
+mod os_support;
+
 /// A listener that counts the connections it accepts.
 struct Counting {
     inner: TcpListener,
@@ -50,6 +53,10 @@ struct Server {
 }
 
 async fn server() -> Server {
+    server_on("127.0.0.1".parse().unwrap()).await
+}
+
+async fn server_on(ip: std::net::IpAddr) -> Server {
     let accepted = Arc::new(AtomicUsize::new(0));
     let seen = Arc::new(std::sync::Mutex::new(String::new()));
     let noted = seen.clone();
@@ -71,7 +78,7 @@ async fn server() -> Server {
                 }
             }),
         );
-    let inner = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let inner = TcpListener::bind((ip, 0)).await.unwrap();
     let port = inner.local_addr().unwrap().port();
     let listener = Counting {
         inner,
@@ -99,9 +106,10 @@ async fn fetch_reaches_an_allowed_host_and_nothing_else() {
     let s = server().await;
     let allow = format!("127.0.0.1:{}", s.port);
     let code = format!(
-        "got = await fetch(url='http://127.0.0.1:{p}/hello')\n\
+        "got = await fetch('http://127.0.0.1:{p}/hello')\n\
          sent = await fetch(url='http://127.0.0.1:{p}/echo', method='POST', body='ping')\n\
-         return [got['status'], got['body'], sent['body']]",
+         again = fetch_sync('http://127.0.0.1:{p}/echo', method='POST', body='pong')\n\
+         return [got['status'], got['body'], sent['body'], again['body']]",
         p = s.port
     );
     let out = tokio::task::spawn_blocking(move || {
@@ -123,7 +131,7 @@ async fn fetch_reaches_an_allowed_host_and_nothing_else() {
     assert!(out.status.success(), "{out:?}");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        r#"[200,"hello","ping"]"#
+        r#"[200,"hello","ping","pong"]"#
     );
     let before = s.accepted.load(Ordering::SeqCst);
     assert!(before >= 1);
@@ -238,4 +246,95 @@ async fn urllib_goes_through_fetch_unchanged() {
         String::from_utf8_lossy(&out.stdout).trim(),
         r#"[[200,"hello"],"ping",404,"example.com:443 is not on the network allowlist"]"#
     );
+}
+
+/// Code that opens a TCP connection itself, no tool involved.
+fn connect_code(ip: std::net::IpAddr, port: u16) -> String {
+    format!(
+        "import socket\n\
+         socket.create_connection(('{ip}', {port}), timeout=5).close()\n\
+         return 'connected'"
+    )
+}
+
+/// `--allow-network` off: the OS backend's guest reaches nothing, not even a server on an
+/// address it could route to; on: the server sees the guest's connection.
+async fn allow_network_on(backend: &'static str, ip: std::net::IpAddr) {
+    if os_support::subject(backend).is_none() {
+        return;
+    }
+    let s = server_on(ip).await;
+    let code = connect_code(ip, s.port);
+    let off = {
+        let code = code.clone();
+        tokio::task::spawn_blocking(move || {
+            pycage(&["run", "--backend", backend, "-c", &code], &[])
+        })
+        .await
+        .unwrap()
+    };
+    let stderr = String::from_utf8_lossy(&off.stderr);
+    assert_eq!(off.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("OSError") || stderr.contains("Error"),
+        "{stderr}"
+    );
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 0, "{stderr}");
+
+    let on = tokio::task::spawn_blocking(move || {
+        pycage(
+            &["run", "--backend", backend, "--allow-network", "-c", &code],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(on.status.success(), "{on:?}");
+    assert_eq!(String::from_utf8_lossy(&on.stdout).trim(), r#""connected""#);
+    assert_eq!(s.accepted.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn allow_network_gives_a_bubblewrap_guest_the_hosts_network() {
+    allow_network_on("bubblewrap", "127.0.0.1".parse().unwrap()).await;
+}
+
+/// A container on the bridge reaches the host at the bridge's gateway address (the host's
+/// loopback is the container's own), so the server listens there.
+#[tokio::test(flavor = "multi_thread")]
+async fn allow_network_puts_a_docker_guest_on_the_bridge() {
+    let out = Command::new(pycage::os::docker::DOCKER)
+        .args([
+            "network",
+            "inspect",
+            "bridge",
+            "--format",
+            "{{range .IPAM.Config}}{{.Gateway}}{{end}}",
+        ])
+        .output();
+    let gateway = match out {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        other => {
+            os_support::skip(&format!("no docker bridge here: {other:?}"));
+            return;
+        }
+    };
+    allow_network_on("docker", gateway.parse().unwrap()).await;
+}
+
+#[test]
+fn allow_network_is_refused_where_there_is_no_network_to_give() {
+    for backend in ["wasm", "wasm+bubblewrap"] {
+        let out = pycage(
+            &["run", "--backend", backend, "--allow-network", "-c", "1"],
+            &[],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("cannot give its sandbox the network")
+                && stderr.contains("--net-allow"),
+            "{stderr}"
+        );
+    }
 }

@@ -26,7 +26,12 @@ impl Drop for Server {
 
 /// Starts `pycage serve` on a free loopback port; the child and its base URL.
 fn start(args: &[&str]) -> (Server, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pycage"))
+    start_command(Command::new(env!("CARGO_BIN_EXE_pycage")), args)
+}
+
+/// As [`start`], with `command` (the pycage executable, its environment set) to start from.
+fn start_command(mut command: Command, args: &[&str]) -> (Server, String) {
+    let mut child = command
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(args)
         .stdin(Stdio::null())
@@ -68,7 +73,7 @@ async fn exit_status(mut server: Server) -> std::process::ExitStatus {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pycage_serve_runs_code_and_drains_on_sigterm() {
     let (server, base) = start(&["--allow", "add"]);
-    let client = reqwest::Client::new();
+    let client = client();
     let r: Value = client
         .post(format!("{base}/v1/runs"))
         .json(&json!({"code": "return await add(a=2, b=3)"}))
@@ -126,7 +131,7 @@ fn pycage_serve_will_not_listen_beyond_loopback_without_a_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_past_the_shutdown_grace_is_cancelled_and_the_server_exits() {
     let (server, base) = start(&["--shutdown-grace", "1s"]);
-    let client = reqwest::Client::new();
+    let client = client();
     let spinning = tokio::spawn({
         let url = format!("{base}/v1/runs");
         async move {
@@ -173,7 +178,7 @@ async fn insecure_no_auth_serves_beyond_loopback_without_a_token_and_says_so() {
     };
     assert!(warned, "no warning about serving without a token");
     std::thread::spawn(move || for _ in lines {});
-    let r: Value = reqwest::Client::new()
+    let r: Value = client()
         .post(format!("http://127.0.0.1:{port}/v1/runs"))
         .json(&json!({"code": "return 7"}))
         .send()
@@ -183,4 +188,75 @@ async fn insecure_no_auth_serves_beyond_loopback_without_a_token_and_says_so() {
         .await
         .unwrap();
     assert_eq!(r["value"], json!(7), "{r:#}");
+}
+
+/// `[net]` in the config: the HTTP API's runs reach the allowed host through `net.fetch`,
+/// with the secret put in there, and the secret's value is in no response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_config_net_table_exposes_fetch_with_its_secret() {
+    use axum::http::HeaderMap;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let noted = seen.clone();
+    let app = axum::Router::new().route(
+        "/auth",
+        axum::routing::get(move |h: HeaderMap| async move {
+            let auth = h
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned();
+            *noted.lock().unwrap() = auth.clone();
+            format!("you sent: {auth}")
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("pycage.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[net]\n\
+             allow = [\"127.0.0.1:{port}\"]\n\
+             allow_addresses = [\"127.0.0.1/32\"]\n\
+             [[net.secrets]]\n\
+             name = \"TOKEN\"\n\
+             env = \"PYCAGE_SERVE_TEST_TOKEN\"\n\
+             hosts = [\"127.0.0.1:{port}\"]\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pycage"));
+    child.env("PYCAGE_SERVE_TEST_TOKEN", "tok-c0ffee");
+    let (_server, base) = start_command(child, &["--config", config.to_str().unwrap()]);
+    let code = format!(
+        "r = fetch_sync('http://127.0.0.1:{port}/auth', \
+         headers={{'Authorization': 'Bearer PYCAGE_SECRET_TOKEN'}})\nreturn r['body']"
+    );
+    let text = client()
+        .post(format!("{base}/v1/runs"))
+        .json(&json!({ "code": code }))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let r: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        r["value"],
+        json!("you sent: Bearer PYCAGE_SECRET_TOKEN"),
+        "{r}"
+    );
+    assert_eq!(*seen.lock().unwrap(), "Bearer tok-c0ffee");
+    assert!(!text.contains("tok-c0ffee"), "{text}");
+}
+
+/// A reqwest client; the process's TLS provider installed first (the workspace's reqwest has
+/// `rustls-no-provider`, see `pycage_tools::net::install_crypto_provider`).
+fn client() -> reqwest::Client {
+    pycage_tools::net::install_crypto_provider();
+    reqwest::Client::new()
 }

@@ -28,9 +28,11 @@ use std::str::FromStr;
 use ipnet::IpNet;
 use url::{Host, Url};
 
+pub mod config;
 pub mod fetch;
 
-pub use fetch::{FetchLimits, FetchTool};
+pub use config::{NetConfig, SecretConfig};
+pub use fetch::{FetchLimits, FetchTool, install_crypto_provider};
 
 /// The prefix of a secret's placeholder: `PYCAGE_SECRET_` and the secret's name.
 pub const PLACEHOLDER_PREFIX: &str = "PYCAGE_SECRET_";

@@ -270,6 +270,7 @@ pub trait Backend: Send + Sync + 'static {
 pub struct BackendOptions {
     wasm: Option<crate::WasmBackend>,
     worker: Option<std::path::PathBuf>,
+    network: bool,
 }
 
 impl BackendOptions {
@@ -291,6 +292,16 @@ impl BackendOptions {
         self.worker = Some(executable);
         self
     }
+
+    /// Give an OS backend's sandbox the network: bubblewrap shares the host's network
+    /// namespace, docker joins the default bridge (see their `allow_network`). Off by
+    /// default. `wasm` and `wasm+bubblewrap` have no network to give (their code reaches
+    /// hosts through the `net.fetch` tool), nor do `seatbelt` and `windows` yet: asking
+    /// for it there is [`BackendError::NoNetwork`]. `local` has the host's network anyway.
+    pub fn allow_network(mut self, allow: bool) -> Self {
+        self.network = allow;
+        self
+    }
 }
 
 /// Why [`backend_by_name`] could not give a backend.
@@ -303,6 +314,9 @@ pub enum BackendError {
     Wasm(crate::WasmError),
     /// The layered backend has no worker executable or no artifact cache to give its worker.
     Worker(String),
+    /// [`BackendOptions::allow_network`] asked for the network of a backend that cannot give
+    /// its sandbox one; the error carries its name.
+    NoNetwork(String),
 }
 
 impl fmt::Display for BackendError {
@@ -315,6 +329,11 @@ impl fmt::Display for BackendError {
             ),
             BackendError::Wasm(e) => write!(f, "wasm: {e}"),
             BackendError::Worker(why) => write!(f, "wasm+bubblewrap: {why}"),
+            BackendError::NoNetwork(name) => write!(
+                f,
+                "backend `{name}` cannot give its sandbox the network (only bubblewrap and \
+                 docker can); reach hosts through the net.fetch tool instead (--net-allow HOST)"
+            ),
         }
     }
 }
@@ -337,13 +356,20 @@ pub fn backend_by_name(
         BubblewrapBackend, DockerBackend, LayeredBackend, LocalBackend, SeatbeltBackend,
         WindowsBackend,
     };
+    if options.network && !matches!(name, "bubblewrap" | "docker" | "local") {
+        return Err(if crate::os::BACKEND_NAMES.contains(&name) {
+            BackendError::NoNetwork(name.to_owned())
+        } else {
+            BackendError::Unknown(name.to_owned())
+        });
+    }
     Ok(match name {
         "wasm" => Arc::new(match &options.wasm {
             Some(wasm) => wasm.clone(),
             None => crate::WasmBackend::shared().map_err(BackendError::Wasm)?,
         }),
-        "bubblewrap" => Arc::new(BubblewrapBackend::new()),
-        "docker" => Arc::new(DockerBackend::new()),
+        "bubblewrap" => Arc::new(BubblewrapBackend::new().allow_network(options.network)),
+        "docker" => Arc::new(DockerBackend::new().allow_network(options.network)),
         "seatbelt" => Arc::new(SeatbeltBackend::new()),
         "windows" => Arc::new(WindowsBackend::new()),
         "local" => Arc::new(LocalBackend::new()),
@@ -384,6 +410,15 @@ mod tests {
         for name in crate::os::BACKEND_NAMES {
             let backend = backend_by_name(name, &options).unwrap();
             assert_eq!(backend.name(), *name);
+        }
+        let networked = options.clone().allow_network(true);
+        for name in ["bubblewrap", "docker", "local"] {
+            assert_eq!(backend_by_name(name, &networked).unwrap().name(), name);
+        }
+        for name in ["wasm", "wasm+bubblewrap", "seatbelt", "windows"] {
+            let refused = backend_by_name(name, &networked).err().unwrap();
+            assert_eq!(refused, BackendError::NoNetwork(name.into()));
+            assert!(refused.to_string().contains("net.fetch"), "{refused}");
         }
         let unknown = backend_by_name("wasm ", &options).err();
         assert_eq!(unknown, Some(BackendError::Unknown("wasm ".into())));

@@ -263,6 +263,45 @@ async fn a_tool_without_a_bare_name_is_reached_through_call_tool() {
 }
 
 #[tokio::test]
+async fn the_fetch_tool_is_named_with_its_hosts_and_the_rest_of_the_network_blocked() {
+    use pycage_tools::net::{FetchLimits, FetchTool, NetPolicy, Secret, Secrets};
+    let host = |h: &str| h.parse().unwrap();
+    let policy = NetPolicy::new()
+        .allow(host("api.example.com"))
+        .allow(host("*.data.example.org:8443"));
+    let secrets = Secrets::new()
+        .with(Secret::new("TOKEN", "tok-5e3a", vec![host("api.example.com")]).unwrap());
+    let mut tools = ToolRegistry::new();
+    tools
+        .register(FetchTool::new(policy, secrets, FetchLimits::default()).unwrap())
+        .unwrap();
+    let fetching = Runner::builder()
+        .backend(Arc::new(ProbeBackend::new()))
+        .tools(tools)
+        .policy(ToolPolicy::new().allow("net.fetch"))
+        .build()
+        .unwrap();
+    let d = fetching.description().await.unwrap();
+    let text = d.text();
+    for expected in [
+        "- HTTP(S) requests go through the host's `net.fetch` tool",
+        "`fetch_sync(url, ...)`",
+        "Every other host is blocked.",
+        "Allowed hosts: api.example.com, *.data.example.org:8443;",
+        "Write PYCAGE_SECRET_TOKEN where the secret TOKEN goes",
+    ] {
+        assert!(
+            text.contains(expected),
+            "`{expected}` missing from:\n{text}"
+        );
+    }
+    assert!(!text.contains("tok-5e3a"), "{text}");
+
+    let without = runner(Limits::default()).description().await.unwrap();
+    assert!(!without.text().contains("net.fetch"), "{}", without.text());
+}
+
+#[tokio::test]
 async fn without_tools_the_text_says_so_and_leaves_out_tool_limits() {
     let d = runner_with(
         Arc::new(ProbeBackend::new()),

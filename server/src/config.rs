@@ -45,6 +45,11 @@ pub struct ServerConfig {
     pub backend: String,
     /// Accept a backend that provides no isolation (`local`). Off by default.
     pub allow_no_isolation: bool,
+    /// Give a bubblewrap or docker sandbox the network, unfiltered (`--allow-network`). Off
+    /// by default; `[net]` is the way to reach a list of hosts.
+    pub allow_network: bool,
+    /// The `net.fetch` tool: the hosts it reaches and the secrets it carries there.
+    pub net: pycage_tools::net::NetConfig,
     /// A guest file (`pycage guest build`: packages baked in) for the wasm backend to run
     /// instead of the built-in guest. A relative path is resolved against the config file's
     /// directory.
@@ -74,6 +79,8 @@ impl Default for ServerConfig {
         ServerConfig {
             backend: "wasm".into(),
             allow_no_isolation: false,
+            allow_network: false,
+            net: pycage_tools::net::NetConfig::default(),
             guest: None,
             tools: Vec::new(),
             policy: PolicyConfig::default(),
@@ -310,6 +317,22 @@ impl ServerConfig {
             return Err(ConfigError::Invalid(format!(
                 "guest needs backend = \"wasm\"; `{}` runs the host's own Python",
                 self.backend
+            )));
+        }
+        if self.allow_network && !matches!(self.backend.as_str(), "bubblewrap" | "docker" | "local")
+        {
+            return Err(ConfigError::Invalid(format!(
+                "allow_network needs backend = \"bubblewrap\" or \"docker\"; `{}` has no \
+                 network to give (list hosts under [net] allow for the net.fetch tool)",
+                self.backend
+            )));
+        }
+        if !self.net.allow.is_empty()
+            && let Some(ns) = self.policy.namespace.as_deref().filter(|ns| *ns != "net")
+        {
+            return Err(ConfigError::Invalid(format!(
+                "[net] exposes the tool net.fetch, outside [policy] namespace = \"{ns}\": \
+                 drop the namespace and list the tools in [policy] allow"
             )));
         }
         if let Some(addr) = self.http.listen

@@ -195,3 +195,38 @@ fn a_guest_file_is_read_against_the_config_file_and_needs_the_wasm_backend() {
     let e = bwrap.validate().unwrap_err().to_string();
     assert!(e.contains("guest needs backend = \"wasm\""), "{e}");
 }
+
+#[test]
+fn the_net_table_reads_and_is_checked_against_the_backend_and_policy() {
+    let config = ServerConfig::from_toml(
+        "[net]\nallow = [\"api.example.com\"]\n\
+         [[net.secrets]]\nname = \"TOKEN\"\nenv = \"VAR\"\nhosts = [\"api.example.com\"]\n",
+    )
+    .unwrap();
+    config.validate().unwrap();
+    assert_eq!(config.net.allow, ["api.example.com"]);
+    assert_eq!(config.net.secrets[0].env, "VAR");
+    assert!(!config.allow_network);
+
+    let bwrap =
+        ServerConfig::from_toml("backend = \"bubblewrap\"\nallow_network = true\n").unwrap();
+    bwrap.validate().unwrap();
+    let wasm = ServerConfig::from_toml("allow_network = true\n").unwrap();
+    let e = wasm.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("allow_network needs backend") && e.contains("[net] allow"),
+        "{e}"
+    );
+
+    let pinned = ServerConfig::from_toml(
+        "[policy]\nnamespace = \"math\"\n[net]\nallow = [\"api.example.com\"]\n",
+    )
+    .unwrap();
+    let e = pinned.validate().unwrap_err().to_string();
+    assert!(e.contains("outside [policy] namespace"), "{e}");
+
+    let e = ServerConfig::from_toml("[net]\nhosts = []\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("hosts"), "{e}");
+}

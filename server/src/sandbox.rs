@@ -15,6 +15,13 @@ pub fn tools(config: &ServerConfig) -> Result<ToolRegistry, String> {
             .extend(loaded)
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
+    if let Some(fetch) = config
+        .net
+        .fetch_tool(|var| std::env::var(var).ok())
+        .map_err(|e| format!("[net]: {e}"))?
+    {
+        tools.register(fetch).map_err(|e| e.to_string())?;
+    }
     Ok(tools)
 }
 
@@ -25,12 +32,16 @@ pub fn runner(
     tools: ToolRegistry,
     limits: Limits,
 ) -> Result<Runner, String> {
-    let policy = ToolPolicy {
+    let mut policy = ToolPolicy {
         namespace: config.policy.namespace.clone(),
         allow: config.policy.allow.clone(),
         approve: config.policy.approve.clone(),
     };
-    let mut options = BackendOptions::new();
+    // `[net] allow` exposes the tool, as `--net-allow` does.
+    if !config.net.allow.is_empty() && !policy.allow.iter().any(|a| a == "net.fetch") {
+        policy.allow.push("net.fetch".into());
+    }
+    let mut options = BackendOptions::new().allow_network(config.allow_network);
     if let Some(wasm) = guest_backend(config)? {
         options = options.wasm(wasm);
     }

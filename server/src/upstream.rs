@@ -390,6 +390,8 @@ impl Upstream {
 /// upstream's timeout.
 async fn start(config: &UpstreamConfig) -> Result<Client, String> {
     if let Some(url) = &config.url {
+        // The transport's reqwest client needs a TLS provider in this build (see there).
+        pycage_tools::net::install_crypto_provider();
         let transport = StreamableHttpClientTransport::from_uri(url.as_str());
         return match tokio::time::timeout(config.timeout, ().serve(transport)).await {
             Ok(Ok(client)) => Ok(client),

@@ -36,7 +36,7 @@ async fn serve(toml: &str, token: Option<&str>) -> Served {
     Served {
         api,
         base,
-        client: reqwest::Client::new(),
+        client: client(),
     }
 }
 
@@ -664,4 +664,11 @@ async fn a_call_that_needs_approval_suspends_the_run_and_its_resume_finishes_it(
     let (_, answered) = resume(id, json!({"decision": "answer", "answer": "by hand"})).await;
     assert_eq!(answered["value"], "by hand", "{answered:#}");
     assert_eq!(answered["status"], "completed");
+}
+
+/// A reqwest client; the process's TLS provider installed first (the workspace's reqwest has
+/// `rustls-no-provider`, see `pycage_tools::net::install_crypto_provider`).
+fn client() -> reqwest::Client {
+    pycage_tools::net::install_crypto_provider();
+    reqwest::Client::new()
 }

@@ -90,6 +90,7 @@ struct Inner {
     limits: FetchLimits,
     client: reqwest::Client,
     parameters: Value,
+    description: String,
 }
 
 impl std::fmt::Debug for FetchTool {
@@ -99,6 +100,22 @@ impl std::fmt::Debug for FetchTool {
             .field("secrets", &self.inner.secrets)
             .field("limits", &self.inner.limits)
             .finish_non_exhaustive()
+    }
+}
+
+/// The TLS provider every rustls client of this process uses unless it is given one: ring,
+/// as [`FetchTool`] uses. Installed only when none is (a host's own choice stays).
+///
+/// The `net.fetch` client brings reqwest's `rustls-no-provider` feature into the build, and
+/// features are unified: every other reqwest client in the process (the MCP client of a
+/// `url` upstream, a host's own) then panics on creation unless a process default exists.
+/// A program that embeds the tools calls this once at start, as the `pycage` CLI does.
+pub fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        #[allow(deprecated, reason = "ring, as `FetchTool::new` explains")]
+        let provider = rustls::crypto::ring::default_provider();
+        // Another thread may have installed one meanwhile; either way one is installed.
+        let _ = provider.install_default();
     }
 }
 
@@ -139,6 +156,7 @@ impl FetchTool {
         Ok(FetchTool {
             inner: Arc::new(Inner {
                 parameters: parameters(&policy),
+                description: description(&policy, &secrets),
                 policy,
                 secrets,
                 limits,
@@ -151,6 +169,28 @@ impl FetchTool {
     pub fn policy(&self) -> &NetPolicy {
         &self.inner.policy
     }
+}
+
+/// The one line a model reads: what the tool does, the hosts it reaches and the secrets'
+/// placeholders (never their values).
+fn description(policy: &NetPolicy, secrets: &Secrets) -> String {
+    let hosts: Vec<String> = policy.hosts().iter().map(ToString::to_string).collect();
+    let mut text = format!(
+        "Makes an HTTP(S) request and returns status, headers, body (text, or body_base64) and \
+         the final URL. Allowed hosts: {}; every other host is refused, redirects included.",
+        hosts.join(", ")
+    );
+    for secret in secrets.iter() {
+        let bound: Vec<String> = secret.hosts().iter().map(ToString::to_string).collect();
+        text.push_str(&format!(
+            " Write {} where the secret {} goes (a header or the URL); the host puts its value \
+             in for {} only.",
+            secret.placeholder(),
+            secret.name(),
+            bound.join(", ")
+        ));
+    }
+    text
 }
 
 fn parameters(policy: &NetPolicy) -> Value {
@@ -182,8 +222,7 @@ impl Tool for FetchTool {
     }
 
     fn description(&self) -> &str {
-        "Makes an HTTP(S) request to an allowed host; returns status, headers, body and the \
-         final URL"
+        &self.inner.description
     }
 
     fn parameters(&self) -> &Value {

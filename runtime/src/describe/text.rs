@@ -9,6 +9,9 @@ use super::{Environment, Persistence, ToolSignature};
 use crate::Limits;
 use crate::result::thousands;
 
+/// The host's HTTP tool, named in the environment when it is exposed.
+const FETCH_TOOL: &str = "net.fetch";
+
 /// What the text is made from.
 pub(crate) struct Facts<'a> {
     pub persistence: Persistence,
@@ -25,7 +28,7 @@ pub(crate) fn render(facts: &Facts<'_>) -> String {
         "Runs Python code in a sandbox and returns what it produced: the value the code \
          returns, its printed output, the error that ended it, and the files it wrote.\n",
     );
-    environment(&mut out, facts.environment);
+    environment(&mut out, facts.environment, facts.tools);
     files(&mut out, facts);
     code(&mut out, facts);
     tools(&mut out, facts.tools, facts.persistence);
@@ -33,7 +36,7 @@ pub(crate) fn render(facts: &Facts<'_>) -> String {
     out
 }
 
-fn environment(out: &mut String, env: &Environment) {
+fn environment(out: &mut String, env: &Environment, tools: &[ToolSignature]) {
     let _ = writeln!(out, "\n## Environment\n");
     let _ = writeln!(
         out,
@@ -80,6 +83,14 @@ fn environment(out: &mut String, env: &Environment) {
             (true, _) => "The network is reachable.",
         }
     );
+    if tools.iter().any(|t| t.qualified == FETCH_TOOL) {
+        let _ = writeln!(
+            out,
+            "- HTTP(S) requests go through the host's `{FETCH_TOOL}` tool (below), to the hosts it \
+             lists only: `await fetch(url, ...)`, or `fetch_sync(url, ...)` without `await`; \
+             `urllib.request.urlopen` uses it too. Every other host is blocked."
+        );
+    }
     let _ = writeln!(
         out,
         "- {}",

@@ -10,7 +10,9 @@
 //! (tmpfs, capped at a quarter of the memory limit), a fresh `/proc`, a minimal `/dev`, and the run's
 //! private directory (read-only) holding the guest's Python files and the broker's socket.
 //! There is no network (only an unconfigured loopback in the new namespace) and the
-//! environment is cleared.
+//! environment is cleared. A host may opt out of the network part alone
+//! ([`BubblewrapBackend::allow_network`], `--allow-network`): the sandbox then shares the
+//! host's network namespace, loopback included.
 //!
 //! Limits: rlimits (CPU seconds, address space, processes, file size, open files) through
 //! `prlimit`, and, where the host's cgroup file system is writable, a cgroup capping the
@@ -68,6 +70,9 @@ pub struct BwrapSpec {
     pub env: Vec<(String, String)>,
     /// The command run inside.
     pub program: Vec<OsString>,
+    /// Share the host's network namespace (`--share-net`): the guest can reach whatever the
+    /// host can, its loopback services included. Off unless a host asks for it.
+    pub share_net: bool,
 }
 
 /// The bubblewrap command line for `spec` (starting with [`BWRAP`]). Pure.
@@ -88,6 +93,9 @@ pub fn render_bwrap(spec: &BwrapSpec) -> Vec<OsString> {
     .into_iter()
     .map(OsString::from)
     .collect();
+    if spec.share_net {
+        argv.insert(2, "--share-net".into());
+    }
     let id = SANDBOX_ID.to_string();
     argv.extend(["--uid".into(), id.clone().into(), "--gid".into(), id.into()]);
     for (k, v) in &spec.env {
@@ -152,6 +160,7 @@ pub(crate) fn guest_env() -> Vec<(String, String)> {
 pub struct BubblewrapBackend {
     interpreter: PathBuf,
     layout: Arc<HostLayout>,
+    network: bool,
 }
 
 impl Default for BubblewrapBackend {
@@ -172,7 +181,22 @@ impl BubblewrapBackend {
         BubblewrapBackend {
             interpreter: interpreter.into(),
             layout: Arc::new(HostLayout::probe()),
+            network: false,
         }
+    }
+
+    /// With `allow`, every sandbox shares the host's network namespace: the code can open
+    /// any connection the host can, to the host's own loopback services too. Off by default;
+    /// the `net.fetch` tool is the way to reach a list of hosts.
+    #[must_use]
+    pub fn allow_network(mut self, allow: bool) -> Self {
+        self.network = allow;
+        self
+    }
+
+    /// Whether the sandboxes share the host's network.
+    pub fn network_allowed(&self) -> bool {
+        self.network
     }
 
     /// The whole command line of one run: `prlimit` with the run's rlimits, then bubblewrap,
@@ -254,6 +278,7 @@ impl BubblewrapBackend {
             work_bytes,
             env: guest_env(),
             program,
+            share_net: self.network,
         };
         rlimits.wrap(render_bwrap(&spec))
     }
@@ -407,6 +432,7 @@ pub(crate) fn probe_namespaces(interpreter: &Path, layout: &HostLayout) -> Resul
                     "-c".into(),
                     "pass".into(),
                 ],
+                share_net: false,
             };
             let argv = render_bwrap(&spec);
             let out = std::process::Command::new(&argv[0])

@@ -6,6 +6,7 @@ fn backend() -> BubblewrapBackend {
     BubblewrapBackend {
         interpreter: DEFAULT_INTERPRETER.into(),
         layout: Arc::new(HostLayout::merged_usr()),
+        network: false,
     }
 }
 
@@ -80,6 +81,25 @@ fn every_namespace_is_new_and_nothing_privileged_remains() {
 }
 
 #[test]
+fn allowing_the_network_shares_only_the_network() {
+    let argv: Vec<String> = backend()
+        .allow_network(true)
+        .render(&Limits::default(), Path::new("/tmp/pycage-abc"), None)
+        .into_iter()
+        .map(|a| a.into_string().unwrap())
+        .collect();
+    let shared: Vec<_> = argv.iter().filter(|a| a.starts_with("--share")).collect();
+    assert_eq!(shared, ["--share-net"]);
+    // After `--unshare-all`, which it narrows.
+    let unshare = argv.iter().position(|a| a == "--unshare-all").unwrap();
+    let share = argv.iter().position(|a| a == "--share-net").unwrap();
+    assert!(unshare < share);
+    for flag in ["--unshare-user", "--disable-userns", "--clearenv"] {
+        assert!(argv.iter().any(|a| a == flag), "{flag} missing");
+    }
+}
+
+#[test]
 fn only_system_directories_and_the_run_directory_are_bound() {
     let argv = rendered(&Limits::default());
     let ro: Vec<_> = argv
@@ -123,6 +143,7 @@ fn extra_binds_are_read_only() {
         work_bytes: None,
         env: Vec::new(),
         program: vec!["/x".into()],
+        share_net: false,
     };
     let argv: Vec<_> = render_bwrap(&spec)
         .into_iter()

@@ -3,7 +3,8 @@
 //! # Security
 //!
 //! Each run is one `docker run --rm -i` of a minimal local image (empty directories only; see
-//! `scripts/docker-image`): no network (`--network none`), a read-only root
+//! `scripts/docker-image`): no network (`--network none`, unless the host opts into the
+//! default bridge with [`DockerBackend::allow_network`]), a read-only root
 //! (`--read-only`), no capabilities (`--cap-drop ALL`), `no-new-privileges`, the host user's
 //! uid and gid, a memory cap without swap (`--memory`, `--memory-swap`), a process cap
 //! (`--pids-limit`), `--pull never` (nothing is fetched), a fresh `/tmp` (tmpfs), the host's
@@ -61,6 +62,10 @@ pub struct DockerSpec {
     pub limits: Limits,
     /// The interpreter (inside the bound directories).
     pub interpreter: PathBuf,
+    /// Docker's default bridge network instead of none: the code can reach what a
+    /// container on the bridge can (the internet through the host's NAT, the host on the
+    /// bridge's gateway address), not the host's loopback.
+    pub network: bool,
 }
 
 /// The `docker run` command line for `spec` (starting with [`DOCKER`]). Pure.
@@ -75,7 +80,7 @@ pub fn render_docker(spec: &DockerSpec) -> Vec<OsString> {
         "--name",
         &spec.name,
         "--network",
-        "none",
+        if spec.network { "bridge" } else { "none" },
         "--read-only",
         "--cap-drop",
         "ALL",
@@ -129,6 +134,7 @@ pub struct DockerBackend {
     image: String,
     interpreter: PathBuf,
     layout: Arc<HostLayout>,
+    network: bool,
 }
 
 impl Default for DockerBackend {
@@ -150,7 +156,23 @@ impl DockerBackend {
             image: image.into(),
             interpreter: DEFAULT_INTERPRETER.into(),
             layout: Arc::new(HostLayout::probe()),
+            network: false,
         }
+    }
+
+    /// With `allow`, containers join Docker's default bridge network instead of none: the
+    /// code can open connections to whatever the bridge reaches (the internet through the
+    /// host's NAT, the host at the bridge's gateway address). Off by default; the
+    /// `net.fetch` tool is the way to reach a list of hosts.
+    #[must_use]
+    pub fn allow_network(mut self, allow: bool) -> Self {
+        self.network = allow;
+        self
+    }
+
+    /// Whether containers get a network.
+    pub fn network_allowed(&self) -> bool {
+        self.network
     }
 
     /// The image runs use.
@@ -215,6 +237,7 @@ impl NativeSandbox for DockerBackend {
             run_dir: run.host_dir.to_owned(),
             limits: run.limits.clone(),
             interpreter: self.interpreter.clone(),
+            network: self.network,
         };
         let env = Self::client_env();
         Ok(SandboxCommand {

@@ -15,6 +15,7 @@ fn spec() -> DockerSpec {
             .build()
             .unwrap(),
         interpreter: DEFAULT_INTERPRETER.into(),
+        network: false,
     }
 }
 
@@ -30,6 +31,21 @@ fn after<'a>(argv: &'a [String], flag: &str) -> Vec<&'a str> {
         .filter(|w| w[0] == flag)
         .map(|w| w[1].as_str())
         .collect()
+}
+
+#[test]
+fn allowing_the_network_joins_the_bridge_and_changes_nothing_else() {
+    let mut spec = spec();
+    spec.network = true;
+    let with: Vec<String> = render_docker(&spec)
+        .into_iter()
+        .map(|a| a.into_string().unwrap())
+        .collect();
+    assert_eq!(after(&with, "--network"), ["bridge"]);
+    let without = rendered();
+    let differ: Vec<_> = with.iter().zip(&without).filter(|(a, b)| a != b).collect();
+    assert_eq!(differ.len(), 1, "{differ:?}");
+    assert_eq!(with.len(), without.len());
 }
 
 #[test]

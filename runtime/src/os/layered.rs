@@ -283,6 +283,7 @@ pub fn render_layered(
             "--cache-dir".into(),
             CACHE_MOUNT.into(),
         ],
+        share_net: false,
     };
     let mut rlimits = Rlimits::for_limits(limits, processes);
     // The engine reserves address space for guard regions far beyond what it touches; its
