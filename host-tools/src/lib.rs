@@ -21,6 +21,7 @@ use serde_json::{Map, Value};
 pub mod builtin;
 pub mod command;
 pub mod json;
+#[cfg(feature = "net")]
 pub mod net;
 pub mod process;
 pub mod units;
