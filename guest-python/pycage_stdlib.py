@@ -163,7 +163,7 @@ def _fix_urllib_request(module):
             r = pycage_runner.invoke_tool(call, "net.fetch", args)
         except pycage_runner.ToolError as e:
             reason = str(e)
-            if e.kind in ("not-found", "denied"):
+            if e.kind == "not-found":
                 reason = f"no network: {reason} (the host exposes net.fetch with --net-allow)"
             raise urllib.error.URLError(reason) from None
         if "body" in r:

@@ -164,7 +164,7 @@ async fn a_secret_reaches_its_host_only() {
         "r = await fetch(url='http://127.0.0.1:{p}/auth', headers={{'Authorization': 'Bearer PYCAGE_SECRET_TOKEN'}})\n\
          print(r['body'])\n\
          try:\n    await fetch(url='http://example.com/', headers={{'Authorization': 'PYCAGE_SECRET_TOKEN'}})\n\
-         except ToolError as e:\n    print('refused:', e)\n\
+         except ToolError as e:\n    print('refused:', e.kind, e)\n\
          return r",
         p = s.port
     );
@@ -198,7 +198,7 @@ async fn a_secret_reaches_its_host_only() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("secret TOKEN may not be sent to example.com:80"),
+        stdout.contains("refused: denied secret TOKEN may not be sent to example.com:80"),
         "{stdout}"
     );
     assert!(

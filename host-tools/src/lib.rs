@@ -41,6 +41,9 @@ pub enum ToolError {
     InvalidArguments(String),
     /// The tool ran and failed.
     Failed(String),
+    /// The tool refused the call by a policy of its own (a host not on `net.fetch`'s
+    /// allowlist): the guest sees the kind `denied`, as for the broker's own refusals.
+    Denied(String),
     /// The tool asks for the run to wait for a person: a run that keeps a journal stops
     /// here and comes back suspended, with this call pending and the message as the reason;
     /// a resume decides what the call returns. In a run that keeps no journal the call
@@ -52,7 +55,10 @@ impl ToolError {
     /// The short message carried by this error.
     pub fn message(&self) -> &str {
         match self {
-            ToolError::InvalidArguments(m) | ToolError::Failed(m) | ToolError::Suspend(m) => m,
+            ToolError::InvalidArguments(m)
+            | ToolError::Failed(m)
+            | ToolError::Denied(m)
+            | ToolError::Suspend(m) => m,
         }
     }
 }
@@ -62,6 +68,7 @@ impl fmt::Display for ToolError {
         match self {
             ToolError::InvalidArguments(m) => write!(f, "invalid arguments: {m}"),
             ToolError::Failed(m) => write!(f, "{m}"),
+            ToolError::Denied(m) => write!(f, "denied: {m}"),
             ToolError::Suspend(m) => write!(f, "waiting for approval: {m}"),
         }
     }

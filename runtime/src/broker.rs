@@ -378,6 +378,9 @@ impl Broker {
                 return Invoked::Done(Err(CallError::InvalidArguments(m)));
             }
             Ok(Ok(Err(ToolError::Suspend(reason)))) => return Invoked::Suspend(reason),
+            Ok(Ok(Err(ToolError::Denied(m)))) => {
+                return Invoked::Done(Err(CallError::Denied(m)));
+            }
             Ok(Ok(Err(e))) => {
                 return Invoked::Done(Err(CallError::Failed(e.message().to_owned())));
             }

@@ -501,8 +501,9 @@ impl Inner {
     }
 }
 
+/// A refusal by the network policy: the kind `denied`, as the broker's own refusals.
 fn refused(e: NetError) -> ToolError {
-    ToolError::Failed(e.to_string())
+    ToolError::Denied(e.to_string())
 }
 
 fn too_large(max: usize) -> ToolError {
