@@ -1,7 +1,7 @@
 //! Host canaries: things the guest must never see or touch.
 
 use std::io::Read;
-use std::net::{TcpListener, UdpSocket};
+use std::net::{Ipv6Addr, TcpListener, UdpSocket};
 #[cfg(unix)]
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
@@ -42,6 +42,9 @@ pub struct Canaries {
     dir: PathBuf,
     secret_calls: Arc<AtomicU32>,
     tcp: TcpListener,
+    /// The same port on IPv6 loopback, where the host has it: a request to `[::1]` or to a
+    /// name resolving there is caught too.
+    tcp6: Option<TcpListener>,
     udp: UdpSocket,
     #[cfg(unix)]
     unix: UnixListener,
@@ -55,6 +58,13 @@ impl Canaries {
         std::fs::write(dir.join("secret.txt"), FILE_VALUE).expect("the file canary");
         let tcp = TcpListener::bind("127.0.0.1:0").expect("a tcp listener");
         tcp.set_nonblocking(true).unwrap();
+        let port = tcp.local_addr().unwrap().port();
+        let tcp6 = TcpListener::bind((Ipv6Addr::LOCALHOST, port)).ok();
+        if let Some(listener) = &tcp6 {
+            listener.set_nonblocking(true).unwrap();
+        } else {
+            eprintln!("adversarial: no IPv6 loopback listener here; [::1] goes unwatched");
+        }
         let udp = UdpSocket::bind("127.0.0.1:0").expect("a udp socket");
         udp.set_nonblocking(true).unwrap();
         #[cfg(unix)]
@@ -65,6 +75,7 @@ impl Canaries {
             dir,
             secret_calls: Arc::new(AtomicU32::new(0)),
             tcp,
+            tcp6,
             udp,
             #[cfg(unix)]
             unix,
@@ -147,11 +158,13 @@ impl Canaries {
             let _ = std::fs::remove_file(self.marker());
             return Err("a marker file appeared on the host".into());
         }
-        if let Ok((mut s, from)) = self.tcp.accept() {
-            let _ = s.read(&mut [0; 64]);
-            return Err(format!(
-                "the TCP listener accepted a connection from {from}"
-            ));
+        for tcp in std::iter::once(&self.tcp).chain(&self.tcp6) {
+            if let Ok((mut s, from)) = tcp.accept() {
+                let _ = s.read(&mut [0; 64]);
+                return Err(format!(
+                    "the TCP listener accepted a connection from {from}"
+                ));
+            }
         }
         if let Ok((n, from)) = self.udp.recv_from(&mut [0; 64]) {
             return Err(format!("the UDP socket received {n} bytes from {from:?}"));

@@ -41,7 +41,8 @@
 //! the invariants apply to every backend.
 //!
 //! Placeholders: `@CANARY_FILE@`, `@CANARY_DIR@`, `@MARKER@`, `@TCP_PORT@`, `@UDP_PORT@`,
-//! `@UNIX_SOCKET@`, `@ENV_NAME@`.
+//! `@UNIX_SOCKET@`, `@ENV_NAME@`. The TCP canary listens on `@TCP_PORT@` at 127.0.0.1 and, where
+//! the host has IPv6, at ::1.
 
 use std::path::Path;
 use std::time::Duration;

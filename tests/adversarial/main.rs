@@ -11,7 +11,8 @@
 //!   result) appears in stdout, stderr, the value or the error;
 //! * the registered but never exposed secret tool ran zero times;
 //! * no marker file appeared outside the sandbox;
-//! * listeners on loopback (TCP, UDP, a Unix socket) saw zero connections or datagrams.
+//! * listeners on loopback (TCP on 127.0.0.1 and ::1, UDP, a Unix socket) saw zero connections
+//!   or datagrams.
 //!
 //! `harness = false`: this file owns `main`, so it can plant the environment canary before any
 //! thread exists. `cargo test --test adversarial -- FILTER` runs the cases whose
@@ -306,6 +307,7 @@ fn runner(
     tools
         .extend(canaries.secret_tools())
         .map_err(|e| e.to_string())?;
+    tools.register(net_fetch()?).map_err(|e| e.to_string())?;
     let mut policy = ToolPolicy::new();
     if case.allow.is_empty() {
         policy = policy.namespace("math");
@@ -315,6 +317,37 @@ fn runner(
     }
     Ok(subject.runner(tools, policy, case.limits.clone()))
 }
+
+/// `net.fetch` (exposed to the cases that list it in `allow`) with an operator's careless
+/// allowlist: `localhost` and loopback, unspecified and metadata addresses in several
+/// spellings are on it, every port, so that only the address check (after resolution, for a
+/// name) stands between a case and the canary listeners. No range is let through
+/// (`allow_address`), and no secret is bound. `example.com` is the allowed host the URL
+/// tricks dress a loopback request up as.
+fn net_fetch() -> Result<pycage_tools::net::FetchTool, String> {
+    use pycage_tools::net::{FetchLimits, FetchTool, NetPolicy, Secrets};
+    let mut policy = NetPolicy::new();
+    for host in NET_ALLOW {
+        policy = policy.allow(host.parse()?);
+    }
+    FetchTool::new(policy, Secrets::new(), FetchLimits::default())
+}
+
+/// The hosts `net.fetch` allows in this suite (see [`net_fetch`]).
+const NET_ALLOW: &[&str] = &[
+    "example.com",
+    "localhost",
+    "127.0.0.1",
+    "0.0.0.0",
+    "169.254.169.254",
+    "[::ffff:169.254.169.254]",
+    "[::1]",
+    "[::]",
+    "[::ffff:127.0.0.1]",
+    "[::127.0.0.1]",
+    "[64:ff9b::127.0.0.1]",
+    "[2002:7f00:1::]",
+];
 
 async fn run_case(
     canaries: &Canaries,
