@@ -578,6 +578,35 @@ impl Secrets {
         }
         out
     }
+
+    /// As [`redact`](Self::redact), over bytes that are not text (a binary response body,
+    /// which the guest gets as base64 and could decode).
+    pub fn redact_bytes(&self, bytes: Vec<u8>) -> Vec<u8> {
+        let mut by_length: Vec<&Secret> = self.secrets.iter().collect();
+        by_length.sort_by_key(|s| std::cmp::Reverse(s.value.len()));
+        let mut out = bytes;
+        for secret in by_length {
+            let value = secret.value.as_bytes();
+            if memchr::memmem::find(&out, value).is_none() {
+                continue;
+            }
+            let placeholder = secret.placeholder();
+            let mut replaced = Vec::with_capacity(out.len());
+            let mut rest = 0;
+            for at in memchr::memmem::find_iter(&out, value) {
+                // Matches may overlap; each starts after the last one replaced.
+                if at < rest {
+                    continue;
+                }
+                replaced.extend_from_slice(&out[rest..at]);
+                replaced.extend_from_slice(placeholder.as_bytes());
+                rest = at + value.len();
+            }
+            replaced.extend_from_slice(&out[rest..]);
+            out = replaced;
+        }
+        out
+    }
 }
 
 #[cfg(test)]

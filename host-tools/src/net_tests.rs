@@ -282,6 +282,21 @@ fn values_are_redacted_back_to_placeholders() {
 }
 
 #[test]
+fn values_are_redacted_from_bytes_that_are_not_text() {
+    let s = secrets();
+    let mut body = vec![0xff, 0x00];
+    body.extend_from_slice(b"s3cr3t-values3cr3t-value");
+    body.extend_from_slice(&[0xfe]);
+    body.extend_from_slice(b"other-value");
+    let mut expected = vec![0xff, 0x00];
+    expected.extend_from_slice(b"PYCAGE_SECRET_TOKENPYCAGE_SECRET_TOKEN");
+    expected.extend_from_slice(&[0xfe]);
+    expected.extend_from_slice(b"PYCAGE_SECRET_TOKEN_2");
+    assert_eq!(s.redact_bytes(body), expected);
+    assert_eq!(s.redact_bytes(vec![1, 2, 3]), [1, 2, 3]);
+}
+
+#[test]
 fn secrets_are_well_formed() {
     let hosts = || vec![pattern("api.test")];
     assert!(Secret::new("token", "v", hosts()).is_err());

@@ -412,7 +412,7 @@ impl Inner {
                 url = next.to_string();
                 continue;
             }
-            let value = self.read(response, &url).await;
+            let read = self.read(response, &url).await;
             tracing::info!(
                 target: "pycage::audit",
                 tool = "net.fetch",
@@ -420,15 +420,21 @@ impl Inner {
                 host = %target,
                 status = status.as_u16(),
                 redirects = hops,
-                ok = value.is_ok(),
+                bytes = read.as_ref().map_or(0, |(_, n)| *n),
+                ok = read.is_ok(),
                 "network request"
             );
-            return value;
+            return read.map(|(value, _)| value);
         }
     }
 
-    /// The response as the guest gets it: headers and body capped, secrets redacted.
-    async fn read(&self, mut response: reqwest::Response, url: &str) -> Result<Value, ToolError> {
+    /// The response as the guest gets it (headers and body capped, secrets redacted), and the
+    /// body's size.
+    async fn read(
+        &self,
+        mut response: reqwest::Response,
+        url: &str,
+    ) -> Result<(Value, usize), ToolError> {
         let max = self.limits.max_response_bytes;
         if response.content_length().is_some_and(|n| n > max as u64) {
             return Err(too_large(max));
@@ -462,6 +468,7 @@ impl Inner {
             }
             body.extend_from_slice(&chunk);
         }
+        let size = body.len();
         let mut out = json!({
             "status": status,
             "url": self.secrets.redact(url),
@@ -470,12 +477,12 @@ impl Inner {
         match String::from_utf8(body) {
             Ok(text) => out["body"] = Value::String(self.secrets.redact(&text)),
             Err(e) => {
-                let bytes = e.into_bytes();
+                let bytes = self.secrets.redact_bytes(e.into_bytes());
                 out["body_base64"] =
                     Value::String(base64::engine::general_purpose::STANDARD.encode(bytes));
             }
         }
-        Ok(out)
+        Ok((out, size))
     }
 
     /// A failed request, said without host details: the policy's refusal when the resolver
