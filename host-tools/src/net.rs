@@ -409,14 +409,17 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
         || ip.is_unicast_link_local() // fe80::/10
         || (segments[0] & 0xffc0) == 0xfec0 // site-local (deprecated)
         || (segments[0] == 0x2001 && segments[1] == 0x0db8) // documentation
-        || (segments[0] == 0x2001 && segments[1] == 0) // Teredo: tunnels to anywhere
+        // IETF protocol assignments (2001::/23): Teredo (tunnels to anywhere), benchmarking,
+        // ORCHID and the rest; none is a web server's address.
+        || (segments[0] == 0x2001 && segments[1] < 0x0200)
+        || (segments[0] == 0x0064 && segments[1] == 0xff9b && segments[2] == 1) // local-use NAT64
         || (segments[0] == 0x0100 && segments[1..4] == [0, 0, 0]) // discard-only
         || segments[0] == 0x5f00) // segment routing
 }
 
 /// The IPv4 address an IPv6 address carries, in the forms a connection could reach it by:
-/// IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`), NAT64 (`64:ff9b::/96`) and
-/// 6to4 (`2002:AABB:CCDD::/48`).
+/// IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`), IPv4-translated
+/// (`::ffff:0:a.b.c.d`), NAT64 (`64:ff9b::/96`) and 6to4 (`2002:AABB:CCDD::/48`).
 fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
     let s = ip.segments();
     let v4 = |hi: u16, lo: u16| {
@@ -431,6 +434,8 @@ fn embedded_v4(ip: Ipv6Addr) -> Option<Ipv4Addr> {
         // `::` and `::1` are IPv6's own unspecified and loopback addresses.
         [0, 0, 0, 0, 0, 0, 0, 0 | 1] => None,
         [0, 0, 0, 0, 0, 0, hi, lo] => Some(v4(hi, lo)),
+        // IPv4-translated (`::ffff:0:a.b.c.d`, SIIT).
+        [0, 0, 0, 0, 0xffff, 0, hi, lo] => Some(v4(hi, lo)),
         [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => Some(v4(hi, lo)),
         [0x2002, hi, lo, ..] => Some(v4(hi, lo)),
         _ => None,

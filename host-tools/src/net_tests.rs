@@ -187,6 +187,10 @@ fn internal_ranges_are_not_public() {
         "64:ff9b::a9fe:a9fe", // NAT64 of 169.254.169.254
         "2002:7f00:1::1",     // 6to4 of 127.0.0.1
         "2002:c0a8:101::",    // 6to4 of 192.168.1.1
+        "::ffff:0:7f00:1",    // IPv4-translated 127.0.0.1
+        "64:ff9b:1::7f00:1",  // local-use NAT64
+        "2001:2::1",          // benchmarking
+        "2001:20::1",         // ORCHIDv2
     ] {
         let ip: IpAddr = internal.parse().unwrap();
         assert!(!is_public(ip), "{internal}");
@@ -201,6 +205,8 @@ fn internal_ranges_are_not_public() {
         "::ffff:8.8.8.8",
         "64:ff9b::808:808",
         "2002:808:808::1",
+        "::ffff:0:808:808",
+        "2001:200::1", // past the IETF assignments of 2001::/23
     ] {
         let ip: IpAddr = public.parse().unwrap();
         assert!(is_public(ip), "{public}");

@@ -37,7 +37,8 @@ pub struct FetchLimits {
     pub max_request_bytes: usize,
     /// The most bytes of a response body (default 8 MiB); a larger one fails the call.
     pub max_response_bytes: usize,
-    /// The most bytes of a response's headers, names and values (default 64 KiB).
+    /// The most bytes of a request's headers, and of a response's, names and values
+    /// (default 64 KiB).
     pub max_header_bytes: usize,
     /// The most redirects followed (default 5).
     pub max_redirects: u32,
@@ -56,6 +57,10 @@ impl Default for FetchLimits {
         }
     }
 }
+
+/// The most headers a request may carry. The `http` crate's header map panics past about
+/// 24,000 entries; a request needs a handful.
+const MAX_REQUEST_HEADERS: usize = 100;
 
 /// The methods a request may use.
 const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
@@ -285,6 +290,22 @@ impl Request {
         match args.get("headers") {
             None => {}
             Some(Value::Object(map)) => {
+                if map.len() > MAX_REQUEST_HEADERS {
+                    return Err(bad(format!(
+                        "{} headers; a request may carry at most {MAX_REQUEST_HEADERS}",
+                        map.len()
+                    )));
+                }
+                let size: usize = map
+                    .iter()
+                    .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
+                    .sum();
+                if size > limits.max_header_bytes {
+                    return Err(bad(format!(
+                        "the headers are {size} bytes; the limit is {}",
+                        limits.max_header_bytes
+                    )));
+                }
                 for (name, value) in map {
                     let header = HeaderName::from_bytes(name.as_bytes())
                         .map_err(|_| bad(format!("header name {name:?} is not a token")))?;
