@@ -101,18 +101,10 @@ fn pycage(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     cmd.output().unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn fetch_reaches_an_allowed_host_and_nothing_else() {
-    let s = server().await;
-    let allow = format!("127.0.0.1:{}", s.port);
-    let code = format!(
-        "got = await fetch('http://127.0.0.1:{p}/hello')\n\
-         sent = await fetch(url='http://127.0.0.1:{p}/echo', method='POST', body='ping')\n\
-         again = fetch_sync('http://127.0.0.1:{p}/echo', method='POST', body='pong')\n\
-         return [got['status'], got['body'], sent['body'], again['body']]",
-        p = s.port
-    );
-    let out = tokio::task::spawn_blocking(move || {
+/// `pycage run -c code` with `--net-allow allow` and loopback let through, off the runtime's
+/// threads (the test's server runs on them).
+async fn run_allowing_loopback(allow: String, code: String) -> std::process::Output {
+    tokio::task::spawn_blocking(move || {
         pycage(
             &[
                 "run",
@@ -127,7 +119,21 @@ async fn fetch_reaches_an_allowed_host_and_nothing_else() {
         )
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fetch_reaches_an_allowed_host_and_nothing_else() {
+    let s = server().await;
+    let allow = format!("127.0.0.1:{}", s.port);
+    let code = format!(
+        "got = await fetch('http://127.0.0.1:{p}/hello')\n\
+         sent = await fetch(url='http://127.0.0.1:{p}/echo', method='POST', body='ping')\n\
+         again = fetch_sync('http://127.0.0.1:{p}/echo', method='POST', body='pong')\n\
+         return [got['status'], got['body'], sent['body'], again['body']]",
+        p = s.port
+    );
+    let out = run_allowing_loopback(allow, code).await;
     assert!(out.status.success(), "{out:?}");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
@@ -225,22 +231,7 @@ async fn urllib_goes_through_fetch_unchanged() {
          return [got, sent, missing, refused]",
         p = s.port
     );
-    let out = tokio::task::spawn_blocking(move || {
-        pycage(
-            &[
-                "run",
-                "--net-allow",
-                &allow,
-                "--net-allow-address",
-                "127.0.0.1/32",
-                "-c",
-                &code,
-            ],
-            &[],
-        )
-    })
-    .await
-    .unwrap();
+    let out = run_allowing_loopback(allow, code).await;
     assert!(out.status.success(), "{out:?}");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
