@@ -252,6 +252,41 @@ async fn the_config_net_table_exposes_fetch_with_its_secret() {
     );
     assert_eq!(*seen.lock().unwrap(), "Bearer tok-c0ffee");
     assert!(!text.contains("tok-c0ffee"), "{text}");
+
+    // A run narrows the allowlist: to nothing here, so the same request is refused; a host
+    // the config does not allow cannot be added.
+    let post = |body: Value| {
+        let url = format!("{base}/v1/runs");
+        async move {
+            client()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let r = post(json!({ "code": code, "net_allow": [] })).await;
+    assert_eq!(r["error"]["kind"], json!("guest_exception"), "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is not on the network allowlist"),
+        "{r}"
+    );
+    let r = post(json!({ "code": code, "net_allow": ["example.com"] })).await;
+    assert_eq!(r["error"]["kind"], json!("invalid_input"), "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`example.com` is not one of the allowed hosts"),
+        "{r}"
+    );
 }
 
 /// A reqwest client; the process's TLS provider installed first (the workspace's reqwest has

@@ -297,6 +297,29 @@ impl ExposedTools {
         !self.approve.is_empty()
     }
 
+    /// These tools with `tool` serving calls of the exposed tool of the same qualified name
+    /// (`namespace.name`): for one run, a narrower version of a tool the policy exposes. The
+    /// bindings stay as they are (the guest sees the same function).
+    ///
+    /// # Errors
+    ///
+    /// The qualified name, when no exposed tool has it: a run cannot add a tool.
+    pub fn replaced(&self, tool: Arc<dyn Tool>) -> Result<ExposedTools, String> {
+        let qualified = format!("{}.{}", tool.namespace(), tool.name());
+        if !self.by_name.contains_key(&qualified) {
+            return Err(qualified);
+        }
+        let mut out = self.clone();
+        for (name, exposed) in &mut out.by_name {
+            if *name == qualified
+                || (name == tool.name() && exposed.namespace() == tool.namespace())
+            {
+                *exposed = tool.clone();
+            }
+        }
+        Ok(out)
+    }
+
     /// The exposed tool the guest's `name` refers to, matched exactly.
     pub fn lookup(&self, name: &str) -> Option<&Arc<dyn Tool>> {
         self.by_name.get(name)

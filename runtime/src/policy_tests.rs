@@ -188,3 +188,43 @@ fn lookup_is_exact() {
         );
     }
 }
+
+#[test]
+fn a_run_replaces_an_exposed_tool_by_its_qualified_and_bare_names_only() {
+    let exposed = ToolPolicy::new()
+        .allow("math.multiply")
+        .allow("other.add")
+        .allow("math.add")
+        .resolve(&registry())
+        .unwrap();
+    let mut narrower = ToolRegistry::new();
+    narrower
+        .register_fn("math", "multiply", "narrower", json!({}), |_| async {
+            Ok(json!(0))
+        })
+        .unwrap();
+    let tool = narrower.get("math", "multiply").unwrap().clone();
+    let replaced = exposed.replaced(tool).unwrap();
+    for name in ["multiply", "math.multiply"] {
+        assert_eq!(replaced.lookup(name).unwrap().description(), "narrower");
+    }
+    // The others, and what the guest is told, stay.
+    assert_ne!(
+        replaced.lookup("math.add").unwrap().description(),
+        "narrower"
+    );
+    assert_eq!(replaced.bindings(), exposed.bindings());
+    assert_ne!(
+        exposed.lookup("multiply").unwrap().description(),
+        "narrower"
+    );
+
+    let mut stranger = ToolRegistry::new();
+    stranger
+        .register_fn("math", "divide", "not exposed", json!({}), |_| async {
+            Ok(json!(0))
+        })
+        .unwrap();
+    let tool = stranger.get("math", "divide").unwrap().clone();
+    assert_eq!(exposed.replaced(tool).err().unwrap(), "math.divide");
+}

@@ -322,16 +322,26 @@ impl Runner {
             files,
             limits,
             output_meter,
+            replacements,
             ..
         } = request;
+        let mut exposed = self.inner.exposed.clone();
+        for tool in replacements.0 {
+            exposed = exposed.replaced(tool).map_err(|name| {
+                RunError::new(
+                    ErrorKind::InvalidInput,
+                    format!("the run replaces the tool `{name}`, which is not exposed"),
+                )
+            })?;
+        }
         let mut limits = limits.unwrap_or_else(|| self.inner.limits.clone());
         if let Some(session) = session {
             limits = limits.within_session(session);
         }
         validate(&code, &vars, &limits)?;
         crate::files::check_inputs(&files, &limits)?;
-        let mut broker = Broker::new(next_run_id(), self.inner.exposed.clone(), &limits)
-            .observed_by(self.inner.observers.clone());
+        let mut broker =
+            Broker::new(next_run_id(), exposed, &limits).observed_by(self.inner.observers.clone());
         if let Some(journal) = journal {
             broker = broker.journaled(journal);
         }
@@ -447,6 +457,23 @@ pub struct RunRequest {
     replay: Option<Journal>,
     on_divergence: OnDivergence,
     resume: Option<Resume>,
+    replacements: Replacements,
+}
+
+/// Tools that serve one run in place of the exposed tools of the same names.
+#[derive(Clone, Default)]
+struct Replacements(Vec<Arc<dyn pycage_tools::Tool>>);
+
+impl fmt::Debug for Replacements {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(
+                self.0
+                    .iter()
+                    .map(|t| format!("{}.{}", t.namespace(), t.name())),
+            )
+            .finish()
+    }
 }
 
 /// What a resumed run replays, and the decision for its pending call.
@@ -519,6 +546,15 @@ impl RunRequest {
     /// with `replay_diverged`).
     pub fn on_divergence(mut self, on_divergence: OnDivergence) -> Self {
         self.on_divergence = on_divergence;
+        self
+    }
+
+    /// For this run only, `tool` serves the calls of the exposed tool of the same qualified
+    /// name: a narrower version of it (`net.fetch` to fewer hosts). The code sees the same
+    /// function; the description is the runner's. A tool the runner does not expose is
+    /// refused when the run starts (`invalid_input`), as a run cannot add a tool.
+    pub fn replace_tool(mut self, tool: Arc<dyn pycage_tools::Tool>) -> Self {
+        self.replacements.0.push(tool);
         self
     }
 

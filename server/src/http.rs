@@ -76,6 +76,8 @@ pub struct HttpApi {
     metrics: Arc<metrics::Metrics>,
     /// Runs suspended at a call that waits for approval, until resumed.
     suspended: crate::SuspendedRuns,
+    /// The `[net]` table's `net.fetch`, which a run's `net_allow` narrows.
+    fetch: Option<pycage_tools::net::FetchTool>,
 }
 
 impl HttpApi {
@@ -113,6 +115,7 @@ impl HttpApi {
             .map_err(StartError::Describe)?;
         let max_concurrent = config.runs.max_concurrent;
         let admitted = max_concurrent.saturating_add(config.runs.max_queued());
+        let fetch = crate::sandbox::fetch_tool(config)?;
         Ok(HttpApi {
             runner,
             sessions,
@@ -126,6 +129,7 @@ impl HttpApi {
             draining: AtomicBool::new(false),
             metrics,
             suspended: crate::SuspendedRuns::default(),
+            fetch,
         })
     }
 
@@ -341,6 +345,9 @@ struct RunBody {
     files: BTreeMap<String, String>,
     #[serde(default)]
     limits: Option<Value>,
+    /// Narrows net.fetch to some of the `[net] allow` patterns for this run.
+    #[serde(default)]
+    net_allow: Option<Value>,
 }
 
 /// The body of `POST /v1/sessions`.
@@ -372,10 +379,14 @@ fn request(api: &HttpApi, body: RunBody) -> Result<(RunRequest, Vec<&'static str
             .map_err(|e| ApiError::bad_input(format!("files[{path:?}] is not base64: {e}")))?;
         files.push(InputFile::new(path, bytes));
     }
-    let request = RunRequest::new(body.code)
+    let mut request = RunRequest::new(body.code)
         .vars(body.vars)
         .files(files)
         .limits(limits);
+    if let Some(hosts) = &body.net_allow {
+        let narrowed = crate::sandbox::narrowed_fetch(api.fetch.as_ref(), hosts);
+        request = request.replace_tool(narrowed.map_err(ApiError::bad_input)?);
+    }
     Ok((request, clamped))
 }
 

@@ -100,6 +100,8 @@ pub struct PythonTool {
     output_schema: Value,
     /// Runs suspended at a call that waits for approval, until resumed.
     suspended: crate::SuspendedRuns,
+    /// The `[net]` table's `net.fetch`, which a run's `net_allow` narrows.
+    fetch: Option<pycage_tools::net::FetchTool>,
 }
 
 impl PythonTool {
@@ -138,7 +140,13 @@ impl PythonTool {
             .await
             .map_err(StartError::Describe)?;
         let text = schema::description_text(&description, &maxima, sessions.is_some());
-        let input_schema = schema::run_input(&description, &maxima, sessions.is_some());
+        let fetch = crate::sandbox::fetch_tool(config)?;
+        let input_schema = schema::run_input(
+            &description,
+            &maxima,
+            sessions.is_some(),
+            fetch.is_some().then_some(config.net.allow.as_slice()),
+        );
         Ok(PythonTool {
             runner,
             sessions,
@@ -152,6 +160,7 @@ impl PythonTool {
             input_schema,
             output_schema: schema::run_output(),
             suspended: crate::SuspendedRuns::default(),
+            fetch,
         })
     }
 
@@ -422,6 +431,7 @@ impl PythonTool {
             (Some(_), None) => return Err(unsupported(self.runner.backend().name())),
         };
         object.remove("session_id");
+        let net_allow = object.remove("net_allow");
         let asked = object.remove("limits");
         let base64 = match object.remove("files_base64") {
             None | Some(Value::Null) | Some(Value::Bool(false)) => false,
@@ -432,6 +442,10 @@ impl PythonTool {
         let mut request = self.description.parse_input(&Value::Object(object))?;
         if let Some(files) = encoded {
             request = request.files(decode_files(&files)?);
+        }
+        if let Some(hosts) = net_allow {
+            let narrowed = crate::sandbox::narrowed_fetch(self.fetch.as_ref(), &hosts);
+            request = request.replace_tool(narrowed.map_err(invalid)?);
         }
         let (limits, clamped) = clamp::apply(self.runner.limits(), &self.maxima, asked.as_ref())?;
         Ok(Call {

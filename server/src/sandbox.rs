@@ -133,3 +133,43 @@ pub async fn start(config: &ServerConfig) -> Result<(Runner, Limits), crate::Sta
     let runner = runner(config, tools, limits).map_err(StartError::Sandbox)?;
     Ok((runner, maxima))
 }
+
+/// The `net.fetch` of `config`'s `[net]` table, which a run's `net_allow` narrows; `None`
+/// without one. `Err` names the unusable entry.
+pub(crate) fn fetch_tool(
+    config: &ServerConfig,
+) -> Result<Option<pycage_tools::net::FetchTool>, crate::StartError> {
+    config
+        .net
+        .fetch_tool(|var| std::env::var(var).ok())
+        .map_err(|e| crate::StartError::Sandbox(format!("[net]: {e}")))
+}
+
+/// `fetch` narrowed to a run's `net_allow` (an array of some of its host patterns), as the
+/// tool that serves that run's calls. `Err` says what is wrong with `net_allow`.
+pub(crate) fn narrowed_fetch(
+    fetch: Option<&pycage_tools::net::FetchTool>,
+    net_allow: &serde_json::Value,
+) -> Result<std::sync::Arc<dyn pycage_tools::Tool>, String> {
+    let Some(fetch) = fetch else {
+        return Err(
+            "`net_allow` narrows net.fetch, which this server does not have ([net] allow)".into(),
+        );
+    };
+    let not_patterns = || "`net_allow` must be an array of host patterns".to_owned();
+    let patterns = net_allow
+        .as_array()
+        .ok_or_else(not_patterns)?
+        .iter()
+        .map(|h| {
+            h.as_str()
+                .ok_or_else(not_patterns)?
+                .parse::<pycage_tools::net::HostPattern>()
+                .map_err(|e| format!("`net_allow`: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let narrowed = fetch
+        .narrowed(&patterns)
+        .map_err(|e| format!("`net_allow`: {e}"))?;
+    Ok(std::sync::Arc::new(narrowed))
+}

@@ -50,10 +50,26 @@ pub fn description_text(description: &Description, maxima: &Limits, sessions: bo
 
 /// `run_python`'s input: the library's schema with `limits`, and `session_id` and
 /// `files_base64` where they apply.
-pub fn run_input(description: &Description, maxima: &Limits, sessions: bool) -> Value {
+pub fn run_input(
+    description: &Description,
+    maxima: &Limits,
+    sessions: bool,
+    net_hosts: Option<&[String]>,
+) -> Value {
     let mut schema = description.input_schema().clone();
     if let Some(properties) = schema.get_mut("properties").and_then(Value::as_object_mut) {
         properties.insert("limits".into(), clamp::schema(maxima));
+        if let Some(hosts) = net_hosts {
+            properties.insert(
+                "net_allow".into(),
+                json!({
+                    "type": "array",
+                    "items": {"type": "string", "enum": hosts},
+                    "description": "Narrow net.fetch to these of its hosts for this run \
+                                    (it cannot be widened); without it, every host listed.",
+                }),
+            );
+        }
         if description.environment().input_files {
             properties.insert(
                 "files_base64".into(),

@@ -544,3 +544,40 @@ async fn a_call_that_needs_approval_suspends_and_resume_run_finishes_it() {
         text(&done)
     );
 }
+
+/// `[net]`: `run_python` takes `net_allow`, some of the configured hosts, in its schema and
+/// narrows net.fetch to them for one call; a host the config lacks is bad input.
+#[tokio::test]
+async fn net_allow_narrows_fetch_for_one_call_and_cannot_widen_it() {
+    let h = serve("[net]\nallow = [\"api.example.com\", \"data.example.org\"]").await;
+    let tools = h.client.list_all_tools().await.unwrap();
+    let run = tools.iter().find(|t| t.name == "run_python").unwrap();
+    assert_eq!(
+        run.input_schema["properties"]["net_allow"]["items"]["enum"],
+        json!(["api.example.com", "data.example.org"])
+    );
+    // Narrowed to the other host: this one is refused by the allowlist before any lookup.
+    let r = call(
+        &h,
+        "run_python",
+        json!({
+            "code": "return await fetch('https://api.example.com/')",
+            "net_allow": ["data.example.org"],
+        }),
+    )
+    .await;
+    assert_eq!(error_kind(&r), Some("guest_exception"), "{}", text(&r));
+    assert!(
+        text(&r).contains("api.example.com:443 is not on the network allowlist"),
+        "{}",
+        text(&r)
+    );
+    let r = call(
+        &h,
+        "run_python",
+        json!({"code": "return 1", "net_allow": ["evil.example"]}),
+    )
+    .await;
+    assert_eq!(error_kind(&r), Some("invalid_input"), "{}", text(&r));
+    assert!(text(&r).contains("`evil.example` is not one of the allowed hosts"));
+}

@@ -27,7 +27,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use super::{NetError, NetPolicy, PLACEHOLDER_PREFIX, Secrets, Target};
+use super::{HostPattern, NetError, NetPolicy, PLACEHOLDER_PREFIX, Secrets, Target};
 use crate::{Args, Tool, ToolError, ToolFuture};
 
 /// The caps of one `net.fetch` call.
@@ -173,6 +173,35 @@ impl FetchTool {
     /// The policy the tool applies.
     pub fn policy(&self) -> &NetPolicy {
         &self.inner.policy
+    }
+
+    /// This tool for one run that may reach only `hosts`, each one of this tool's own
+    /// patterns (a run narrows the runner's allowlist; it cannot widen it). The secrets,
+    /// limits and the HTTP client (whose resolver checks addresses only) are shared.
+    ///
+    /// # Errors
+    ///
+    /// A message naming a pattern this tool does not allow.
+    pub fn narrowed(&self, hosts: &[HostPattern]) -> Result<FetchTool, String> {
+        let policy = &self.inner.policy;
+        if let Some(wider) = hosts.iter().find(|h| !policy.hosts().contains(h)) {
+            let allowed: Vec<String> = policy.hosts().iter().map(ToString::to_string).collect();
+            return Err(format!(
+                "`{wider}` is not one of the allowed hosts ({})",
+                allowed.join(", ")
+            ));
+        }
+        let policy = policy.narrowed_to(hosts);
+        Ok(FetchTool {
+            inner: Arc::new(Inner {
+                parameters: parameters(&policy),
+                description: description(&policy, &self.inner.secrets),
+                policy,
+                secrets: self.inner.secrets.clone(),
+                limits: self.inner.limits.clone(),
+                client: self.inner.client.clone(),
+            }),
+        })
     }
 }
 

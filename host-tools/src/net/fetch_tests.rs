@@ -325,3 +325,36 @@ async fn credentials_are_dropped_on_a_redirect_to_another_origin() {
     assert_eq!(r["body"], "");
     assert_eq!(b.requests.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn a_run_narrows_the_allowlist_and_cannot_widen_it() {
+    let s = server().await;
+    let local: HostPattern = format!("127.0.0.1:{}", s.port).parse().unwrap();
+    let other: HostPattern = "example.com".parse().unwrap();
+    let t = tool(
+        NetPolicy::new()
+            .allow(local.clone())
+            .allow(other.clone())
+            .allow_address("127.0.0.1/32".parse().unwrap()),
+        Secrets::new(),
+    );
+    let hello = json!({"url": format!("http://127.0.0.1:{}/hello", s.port)});
+    let kept = t.narrowed(std::slice::from_ref(&local)).unwrap();
+    assert_eq!(call(&kept, hello.clone()).await.unwrap()["body"], "hello");
+    assert!(kept.description().contains(&local.to_string()));
+    assert!(!kept.description().contains("example.com"));
+
+    let dropped = t.narrowed(&[other]).unwrap();
+    let e = call(&dropped, hello).await.unwrap_err();
+    assert!(
+        matches!(&e, ToolError::Denied(m) if m.contains("is not on the network allowlist")),
+        "{e}"
+    );
+    assert_eq!(s.requests.load(Ordering::SeqCst), 1);
+
+    let wider = t.narrowed(&["evil.example".parse().unwrap()]).unwrap_err();
+    assert!(
+        wider.contains("`evil.example` is not one of the allowed hosts"),
+        "{wider}"
+    );
+}

@@ -68,6 +68,8 @@ pub(super) struct RunInput {
     /// Relative path → base64 content, put in the code's working directory.
     files: Option<BTreeMap<String, String>>,
     limits: Option<LimitsInput>,
+    /// Narrows `net.fetch` to some of the server's `[net] allow` patterns for this run.
+    net_allow: Option<Vec<String>>,
 }
 
 /// Why a run produced no value.
