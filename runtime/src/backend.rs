@@ -356,7 +356,7 @@ pub fn backend_by_name(
         BubblewrapBackend, DockerBackend, LayeredBackend, LocalBackend, SeatbeltBackend,
         WindowsBackend,
     };
-    if options.network && !matches!(name, "bubblewrap" | "docker" | "local") {
+    if options.network && !crate::os::NETWORK_BACKENDS.contains(&name) {
         return Err(if crate::os::BACKEND_NAMES.contains(&name) {
             BackendError::NoNetwork(name.to_owned())
         } else {

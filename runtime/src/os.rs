@@ -93,3 +93,8 @@ pub const BACKEND_NAMES: &[&str] = &[
     "local",
     "wasm+bubblewrap",
 ];
+
+/// The backends whose sandbox can be given the network
+/// ([`BackendOptions::allow_network`](crate::BackendOptions::allow_network)): bubblewrap and
+/// docker, and `local`, which has the host's anyway.
+pub const NETWORK_BACKENDS: &[&str] = &["bubblewrap", "docker", "local"];

@@ -319,8 +319,7 @@ impl ServerConfig {
                 self.backend
             )));
         }
-        if self.allow_network && !matches!(self.backend.as_str(), "bubblewrap" | "docker" | "local")
-        {
+        if self.allow_network && !pycage::os::NETWORK_BACKENDS.contains(&self.backend.as_str()) {
             return Err(ConfigError::Invalid(format!(
                 "allow_network needs backend = \"bubblewrap\" or \"docker\"; `{}` has no \
                  network to give (list hosts under [net] allow for the net.fetch tool)",

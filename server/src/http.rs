@@ -115,7 +115,7 @@ impl HttpApi {
             .map_err(StartError::Describe)?;
         let max_concurrent = config.runs.max_concurrent;
         let admitted = max_concurrent.saturating_add(config.runs.max_queued());
-        let fetch = crate::sandbox::fetch_tool(config)?;
+        let fetch = crate::sandbox::fetch_tool(config).map_err(StartError::Sandbox)?;
         Ok(HttpApi {
             runner,
             sessions,

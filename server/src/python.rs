@@ -140,7 +140,7 @@ impl PythonTool {
             .await
             .map_err(StartError::Describe)?;
         let text = schema::description_text(&description, &maxima, sessions.is_some());
-        let fetch = crate::sandbox::fetch_tool(config)?;
+        let fetch = crate::sandbox::fetch_tool(config).map_err(StartError::Sandbox)?;
         let input_schema = schema::run_input(
             &description,
             &maxima,

@@ -15,11 +15,7 @@ pub fn tools(config: &ServerConfig) -> Result<ToolRegistry, String> {
             .extend(loaded)
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    if let Some(fetch) = config
-        .net
-        .fetch_tool(|var| std::env::var(var).ok())
-        .map_err(|e| format!("[net]: {e}"))?
-    {
+    if let Some(fetch) = fetch_tool(config)? {
         tools.register(fetch).map_err(|e| e.to_string())?;
     }
     Ok(tools)
@@ -134,15 +130,15 @@ pub async fn start(config: &ServerConfig) -> Result<(Runner, Limits), crate::Sta
     Ok((runner, maxima))
 }
 
-/// The `net.fetch` of `config`'s `[net]` table, which a run's `net_allow` narrows; `None`
-/// without one. `Err` names the unusable entry.
+/// The `net.fetch` of `config`'s `[net]` table (secrets read from this process's
+/// environment); `None` without one. `Err` names the unusable entry.
 pub(crate) fn fetch_tool(
     config: &ServerConfig,
-) -> Result<Option<pycage_tools::net::FetchTool>, crate::StartError> {
+) -> Result<Option<pycage_tools::net::FetchTool>, String> {
     config
         .net
         .fetch_tool(|var| std::env::var(var).ok())
-        .map_err(|e| crate::StartError::Sandbox(format!("[net]: {e}")))
+        .map_err(|e| format!("[net]: {e}"))
 }
 
 /// `fetch` narrowed to a run's `net_allow` (an array of some of its host patterns), as the

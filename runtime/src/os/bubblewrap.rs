@@ -194,11 +194,6 @@ impl BubblewrapBackend {
         self
     }
 
-    /// Whether the sandboxes share the host's network.
-    pub fn network_allowed(&self) -> bool {
-        self.network
-    }
-
     /// The whole command line of one run: `prlimit` with the run's rlimits, then bubblewrap,
     /// then the interpreter. Pure.
     pub fn render(&self, limits: &Limits, run_dir: &Path, processes: Option<u64>) -> Vec<OsString> {

@@ -170,11 +170,6 @@ impl DockerBackend {
         self
     }
 
-    /// Whether containers get a network.
-    pub fn network_allowed(&self) -> bool {
-        self.network
-    }
-
     /// The image runs use.
     pub fn image(&self) -> &str {
         &self.image
