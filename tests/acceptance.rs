@@ -362,10 +362,10 @@ async fn memory_within_the_limit_is_usable() {
 }
 
 /// The interpreter's snapshot occupies the start of the guest's memory; what the build leaves
-/// there (see `_finish_snapshot` in `guest-python/pycage_wasm.py`) is taken from every run.
+/// there (see `_finish_snapshot` in `guest-default/python/pycage_wasm.py`) is taken from every run.
 /// Under the smallest memory limit, a run still gets 34 MiB in one piece (34 today; 38
 /// before the rest of the standard library was compiled into the snapshot: see
-/// `_store_the_rest_of_the_library` in `guest-python/pycage_wasm.py` for what it costs and
+/// `_store_the_rest_of_the_library` in `guest-default/python/pycage_wasm.py` for what it costs and
 /// why it lies where it does).
 #[tokio::test]
 async fn the_smallest_memory_limit_leaves_room_for_a_large_buffer() {

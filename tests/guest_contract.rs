@@ -16,7 +16,7 @@ use serde_json::json;
 
 /// The committed list of the component's imports. A new import (a new channel to the host)
 /// fails this test until it is reviewed and added here.
-const ALLOWED_IMPORTS: &str = include_str!("../wit/guest-imports.txt");
+const ALLOWED_IMPORTS: &str = include_str!("../runtime/wit/guest-imports.txt");
 
 #[tokio::test]
 async fn the_guest_imports_exactly_the_committed_list() {
@@ -35,7 +35,7 @@ async fn the_guest_imports_exactly_the_committed_list() {
         .collect();
     assert_eq!(
         imports, allowed,
-        "the guest's imports changed; review wit/guest-imports.txt"
+        "the guest's imports changed; review runtime/wit/guest-imports.txt"
     );
     let custom: Vec<_> = imports.iter().filter(|i| !i.starts_with("wasi:")).collect();
     assert_eq!(

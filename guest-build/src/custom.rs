@@ -1,10 +1,11 @@
-//! A guest with packages baked in: the same sources and steps as the default guest, plus a
-//! directory of installed pure-Python packages and a list of modules to preload.
+//! Building guests: the default guest from its sources, and a guest with packages baked in (the
+//! same sources and steps, plus a directory of installed pure-Python packages and a list of
+//! modules to preload).
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use crate::{APP, BuildError, Result, SOURCES, Toolchain, WIT, WORLD, finish};
+use crate::{APP, BuildError, GUEST_FILES, Result, SOURCES, Toolchain, WIT, WORLD, finish};
 
 /// The line `pycage_wasm.py` raises when a module to preload does not import, as a sentence.
 fn preload_failure(output: &str) -> Option<String> {
@@ -41,21 +42,7 @@ pub fn build_custom(
     guest: &CustomGuest<'_>,
     mut step: impl FnMut(&str),
 ) -> Result<Vec<u8>> {
-    let io = |what: &str, e: std::io::Error| BuildError::new(format!("{what}: {e}"));
-    let _ = fs::remove_dir_all(guest.work);
-    let src = guest.work.join("src");
-    let wit = guest.work.join("wit");
-    let empty = guest
-        .work
-        .join("no-packages")
-        .join("lib")
-        .join("site-packages");
-    for dir in [&src, &wit, &empty] {
-        fs::create_dir_all(dir).map_err(|e| io(&format!("creating {}", dir.display()), e))?;
-    }
-    for (name, text) in SOURCES {
-        fs::write(src.join(name), text).map_err(|e| io(&format!("writing {name}"), e))?;
-    }
+    let work = Work::lay_out(guest.work, SOURCES)?;
     // The guest reads what to preload, and where its packages are (`/1`: the second path
     // given to componentize-py, after the sources), from this module.
     let preload: Vec<String> = guest.preload.iter().map(|m| format!("{m:?}")).collect();
@@ -63,19 +50,17 @@ pub fn build_custom(
         "PRELOAD = ({})\nSITE = \"/1\"\n",
         preload.iter().map(|m| format!("{m}, ")).collect::<String>()
     );
-    fs::write(src.join("pycage_guest_config.py"), config)
+    fs::write(work.src.join("pycage_guest_config.py"), config)
         .map_err(|e| io("writing the guest's configuration", e))?;
-    fs::write(wit.join("pycage.wit"), WIT).map_err(|e| io("writing the WIT contract", e))?;
     step("componentize");
     let out = guest.work.join("componentized.wasm");
-    let no_packages = guest.work.join("no-packages");
     toolchain
         .componentize_captured(
-            &wit,
+            &work.wit,
             WORLD,
             APP,
-            &[&src, guest.site_packages],
-            &no_packages,
+            &[&work.src, guest.site_packages],
+            &work.no_packages,
             &out,
         )
         .map_err(|output| match preload_failure(&output) {
@@ -85,6 +70,65 @@ pub fn build_custom(
     let component = fs::read(&out).map_err(|e| io("reading componentize-py's output", e))?;
     step("finish");
     finish(&component)
+}
+
+/// Builds the default guest from its sources ([`GUEST_FILES`] of [`SOURCES`], and [`WIT`]) with
+/// `toolchain`, in `work` (its contents are replaced), and returns the finished component:
+/// what `pycage-guest-default` ships prebuilt, and what `pycage`'s `guest-from-source` feature
+/// embeds.
+///
+/// # Errors
+///
+/// [`BuildError`] when componentize-py or a step of [`finish`] fails.
+pub fn build_default(toolchain: &Toolchain, work: &Path) -> Result<Vec<u8>> {
+    let sources = SOURCES
+        .iter()
+        .filter(|(name, _)| GUEST_FILES.contains(name));
+    let laid = Work::lay_out(work, sources)?;
+    let out = work.join("componentized.wasm");
+    toolchain.componentize(&laid.wit, WORLD, APP, &[&laid.src], &laid.no_packages, &out)?;
+    let component = fs::read(&out).map_err(|e| io("reading componentize-py's output", e))?;
+    finish(&component)
+}
+
+fn io(what: &str, e: std::io::Error) -> BuildError {
+    BuildError::new(format!("{what}: {e}"))
+}
+
+/// A guest build's directory: the guest's Python files in `src`, the WIT contract in `wit`,
+/// and an empty virtualenv (`no_packages`) standing in for the host's `site-packages`, which
+/// componentize-py would otherwise put on the guest's path.
+struct Work {
+    src: PathBuf,
+    wit: PathBuf,
+    no_packages: PathBuf,
+}
+
+impl Work {
+    /// Empties `work` and writes `sources` and the WIT contract into it. The sources are
+    /// copies, never the originals: componentize-py imports them and writes bytecode beside
+    /// them.
+    fn lay_out<'a>(
+        work: &Path,
+        sources: impl IntoIterator<Item = &'a (&'a str, &'a str)>,
+    ) -> Result<Work> {
+        let _ = fs::remove_dir_all(work);
+        let laid = Work {
+            src: work.join("src"),
+            wit: work.join("wit"),
+            no_packages: work.join("no-packages"),
+        };
+        let site = laid.no_packages.join("lib").join("site-packages");
+        for dir in [&laid.src, &laid.wit, &site] {
+            fs::create_dir_all(dir).map_err(|e| io(&format!("creating {}", dir.display()), e))?;
+        }
+        for (name, text) in sources {
+            fs::write(laid.src.join(name), text).map_err(|e| io(&format!("writing {name}"), e))?;
+        }
+        fs::write(laid.wit.join("pycage.wit"), WIT)
+            .map_err(|e| io("writing the WIT contract", e))?;
+        Ok(laid)
+    }
 }
 
 #[cfg(test)]

@@ -12,8 +12,11 @@
 //! 3. The guest's libraries are linked into one core module, so instantiation builds a
 //!    handful of function references instead of thousands (`link`).
 //!
-//! pycage's own build script builds the default guest with this crate; the same steps serve
-//! any other guest.
+//! [`build_default`] builds pycage's default guest (what `pycage-guest-default` ships
+//! prebuilt, and what `pycage`'s `guest-from-source` feature embeds); [`build_custom`] builds a
+//! guest with packages baked in, with the same steps. [`inputs_digest`] and
+//! [`compare_outside_snapshot`] tie a prebuilt component to its sources, since
+//! componentize-py's output is not reproducible byte for byte.
 
 mod custom;
 mod link;
@@ -22,42 +25,54 @@ mod toolchain;
 
 use std::fmt;
 
-pub use custom::{CustomGuest, build_custom};
+pub use custom::{CustomGuest, build_custom, build_default};
 
 pub use toolchain::{COMPONENTIZE_PY, LOCK, Toolchain};
 
-/// The WIT world the guest implements (`wit/pycage.wit`).
-pub const WORLD: &str = "sandbox";
+pub use pycage_guest_default::{APP, GUEST_FILES, SOURCES, WIT, WORLD};
 
-/// The guest's componentize-py entry module.
-pub const APP: &str = "pycage_wasm";
-
-/// The guest's Python files (in `guest-python/`), which the entry module imports.
-pub const GUEST_FILES: &[&str] = &["pycage_runner.py", "pycage_stdlib.py", "pycage_wasm.py"];
-
-/// The guest's Python files as this crate was built with them, for guests built at run
-/// time: [`GUEST_FILES`], and `pycage_packages.py`, which keeps a custom guest's packages.
-pub const SOURCES: &[(&str, &str)] = &[
-    (
-        "pycage_runner.py",
-        include_str!("../../guest-python/pycage_runner.py"),
-    ),
-    (
-        "pycage_stdlib.py",
-        include_str!("../../guest-python/pycage_stdlib.py"),
-    ),
-    (
-        "pycage_wasm.py",
-        include_str!("../../guest-python/pycage_wasm.py"),
-    ),
-    (
-        "pycage_packages.py",
-        include_str!("../../guest-python/pycage_packages.py"),
-    ),
+/// The files of this crate whose contents decide the component it builds from given sources:
+/// the steps [`finish`] takes, and the componentize-py it runs.
+const BUILDER_FILES: &[(&str, &str)] = &[
+    ("componentize-py.lock", LOCK),
+    ("src/lib.rs", include_str!("lib.rs")),
+    ("src/custom.rs", include_str!("custom.rs")),
+    ("src/toolchain.rs", include_str!("toolchain.rs")),
+    ("src/snapshot.rs", include_str!("snapshot.rs")),
+    ("src/link/mod.rs", include_str!("link/mod.rs")),
+    ("src/link/component.rs", include_str!("link/component.rs")),
+    ("src/link/emit.rs", include_str!("link/emit.rs")),
+    ("src/link/merge.rs", include_str!("link/merge.rs")),
+    ("src/link/module.rs", include_str!("link/module.rs")),
 ];
 
-/// The WIT contract the guest implements (`wit/pycage.wit`).
-pub const WIT: &str = include_str!("../../wit/pycage.wit");
+/// BLAKE3 of everything the default guest is built from: its Python files ([`GUEST_FILES`]),
+/// the WIT contract, the componentize-py lock and this crate's build steps.
+///
+/// componentize-py's output is not reproducible (its build-time run reads the host's clock,
+/// file times and entropy), so a prebuilt component cannot be checked by building it again
+/// and comparing bytes. `pycage-guest-default` records this digest beside its component
+/// instead (`INPUTS_DIGEST`), and a test compares: a change to any input without a rebuilt
+/// component fails it. Line endings are normalised, so a checkout with CRLF gives the same
+/// digest.
+pub fn inputs_digest() -> String {
+    let python = SOURCES
+        .iter()
+        .filter(|(name, _)| GUEST_FILES.contains(name))
+        .map(|&(name, text)| (name, text));
+    let mut hasher = blake3::Hasher::new();
+    for (name, text) in python
+        .chain([("pycage.wit", WIT)])
+        .chain(BUILDER_FILES.iter().copied())
+    {
+        let text = text.replace("\r\n", "\n");
+        for part in [name.as_bytes(), text.as_bytes()] {
+            hasher.update(&(part.len() as u64).to_le_bytes());
+            hasher.update(part);
+        }
+    }
+    hasher.finalize().to_hex().to_string()
+}
 
 /// Why a guest could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,4 +134,64 @@ pub fn finish(component: &[u8]) -> Result<Vec<u8>> {
     snapshot::immortalize_snapshot(&mut bytes).map_err(BuildError::new)?;
     link::link_libraries(&bytes)
         .map_err(|e| BuildError::new(format!("linking the guest's libraries: {e}")))
+}
+
+/// Compares two finished components everywhere outside their heap snapshots: every section
+/// of every module and component, byte for byte, except a core module's memory, globals and
+/// data (the snapshot itself: the memory's size, the pointers into it, its contents).
+///
+/// componentize-py's output is not reproducible: its build-time run reads the host's clock,
+/// file times and entropy, which change the heap it snapshots (and with it the size of the
+/// data). The rest is reproducible: the interpreter's code, the linked module's code, types,
+/// imports, exports and the component's wiring. Two builds of the same sources agree there.
+///
+/// # Errors
+///
+/// A sentence naming the first section that differs, or why a component did not parse.
+pub fn compare_outside_snapshot(a: &[u8], b: &[u8]) -> std::result::Result<(), String> {
+    let (a, b) = (sections_outside_snapshot(a)?, sections_outside_snapshot(b)?);
+    if a.len() != b.len() {
+        return Err(format!("{} sections against {}", a.len(), b.len()));
+    }
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        if x != y {
+            return Err(format!(
+                "the {i}th section differs: {} ({} bytes) against {} ({} bytes)",
+                x.0,
+                x.1.len(),
+                y.0,
+                y.1.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Each section's kind and bytes, in order, nested modules and components included; the
+/// snapshot's sections and the containers' headers (whose sizes follow the snapshot's) by
+/// kind only.
+fn sections_outside_snapshot(
+    component: &[u8],
+) -> std::result::Result<Vec<(String, &[u8])>, String> {
+    use wasmparser::{Parser, Payload};
+    let mut out = Vec::new();
+    for payload in Parser::new(0).parse_all(component) {
+        let payload = payload.map_err(|e| format!("parsing the component: {e}"))?;
+        let kind = match &payload {
+            Payload::MemorySection(_) => Some("memory"),
+            Payload::GlobalSection(_) => Some("global"),
+            Payload::DataSection(_) => Some("data"),
+            Payload::DataCountSection { .. } => Some("data count"),
+            Payload::ModuleSection { .. } => Some("module"),
+            Payload::ComponentSection { .. } => Some("component"),
+            Payload::CodeSectionEntry(_) => continue,
+            _ => None,
+        };
+        match (kind, payload.as_section()) {
+            (Some(kind), _) => out.push((kind.to_owned(), &[][..])),
+            (None, Some((id, range))) => out.push((format!("section {id}"), &component[range])),
+            (None, None) => {}
+        }
+    }
+    Ok(out)
 }

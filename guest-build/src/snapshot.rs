@@ -59,7 +59,7 @@ pub(crate) fn raise_parser_depth(bytes: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-/// The table `guest-python/pycage_wasm.py` leaves in the snapshot starts with these words.
+/// The table `guest-default/python/pycage_wasm.py` leaves in the snapshot starts with these words.
 const IMMORTAL_MAGIC: [u32; 4] = [0x79637970, 0x6D696567, 0x74726F6D, 0x31766C61];
 
 /// [`IMMORTAL_MAGIC`] as it lies in the guest's (little-endian) memory.
@@ -83,7 +83,7 @@ const IMMORTAL_MINIMUM: u32 = 1 << 30;
 /// decrements the counts of snapshot objects, and each first write to a snapshot page is a
 /// copy-on-write fault, which the slot's reset must then undo. CPython skips the count of an
 /// immortal object. The guest lists its objects at build time (`_immortal_table` in
-/// `guest-python/pycage_wasm.py`): each object's address and its type's. Here each count in
+/// `guest-default/python/pycage_wasm.py`): each object's address and its type's. Here each count in
 /// the snapshot's data segments is set to CPython's immortal value, after checking that the
 /// word after it (`ob_type`) is the listed type; any mismatch fails the build. The data keeps
 /// its length, so the binary keeps its layout. Objects a run creates stay mortal; snapshot
@@ -189,7 +189,7 @@ impl Image {
             return Err(
                 "expected exactly one core module with the immortal table in its data (the \
                  guest writes it when componentize-py looks up `random.seed` at build time; \
-                 see `_finish_at_last_lookup` in guest-python/pycage_wasm.py)"
+                 see `_finish_at_last_lookup` in guest-default/python/pycage_wasm.py)"
                     .into(),
             );
         };

@@ -1,28 +1,12 @@
-//! pycage runs untrusted Python behind a real isolation boundary.
+#![doc = include_str!("../README.md")]
 //!
-//! The default boundary is WebAssembly: CPython compiled to WASI, packaged as a component and
-//! run by wasmtime in this process with fuel, memory and wall-clock limits. The guest reaches
-//! the host only through one import, `call-tool`, which passes the run's [`Broker`]:
-//! allowlist, namespace pinning, call ceiling, byte caps, per-call timeouts and an audit event
-//! per call.
+//! # Where to start
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use pycage::{Runner, ToolPolicy};
-//! use pycage_tools::ToolRegistry;
-//!
-//! let runner = Runner::builder()
-//!     .tools(ToolRegistry::with_builtins())
-//!     .policy(ToolPolicy::new().namespace("math"))
-//!     .build()?;
-//! let result = runner
-//!     .run("total = 0\nfor i in range(1, 6):\n    r = await add(a=str(total), b=str(i))\n    total = r['sum']\nreturn total")
-//!     .await;
-//! assert!(result.ok);
-//! assert_eq!(result.value, 15);
-//! assert_eq!(result.tool_calls, 5);
-//! # Ok(()) }
-//! ```
+//! [`Runner`] runs code: build one with [`Runner::builder`], giving it tools
+//! ([`pycage_tools::ToolRegistry`]), a [`ToolPolicy`], [`Limits`] and a [`Backend`] (the
+//! [`WasmBackend`] by default). A [`RunResult`] says what came back; a [`Session`] keeps a
+//! guest's state between runs; [`Runner::description`] makes the `run_python` tool a model
+//! is given.
 
 #![deny(missing_docs)]
 

@@ -26,7 +26,7 @@
 //! [`protocol`]): a directory of mode 0700 per run, a socket of mode 0600, length-prefixed
 //! JSON frames capped before they are read, and a per-run random token checked before
 //! anything else. On Windows the same frames and token travel over a named pipe whose DACL
-//! grants only the owner and the run's AppContainer. The guest's Python side is `guest-python/pycage_socket.py`, which runs the
+//! grants only the owner and the run's AppContainer. The guest's Python side is `guest-default/python/pycage_socket.py`, which runs the
 //! same `pycage_runner` as the wasm guest; only the transport differs.
 //!
 //! # Limits

@@ -47,10 +47,16 @@ use crate::backend::{Availability, Backend, BackendSession, Job, RunFuture, Sess
 use crate::broker::ToolGate;
 use crate::{ErrorKind, Limits, RunError, RunResult};
 
-include!(concat!(env!("OUT_DIR"), "/component_digest.rs"));
-
-/// The guest component, built from `guest-python/` by this crate's build script.
+/// The guest component: by default the prebuilt one of `pycage-guest-default`; with the
+/// `guest-from-source` feature or `PYCAGE_COMPONENT`, the one this crate's build script made.
+#[cfg(not(pycage_built_guest))]
+static COMPONENT: &[u8] = pycage_guest_default::COMPONENT;
+#[cfg(not(pycage_built_guest))]
+const COMPONENT_DIGEST: &str = pycage_guest_default::COMPONENT_DIGEST;
+#[cfg(pycage_built_guest)]
 static COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pycage-guest.wasm"));
+#[cfg(pycage_built_guest)]
+include!(concat!(env!("OUT_DIR"), "/component_digest.rs"));
 
 /// The wasm backend. Cheap to clone; clones share the engine and the compiled guest.
 #[derive(Clone)]

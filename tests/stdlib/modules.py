@@ -1,6 +1,6 @@
 # Lists the standard library's modules as the guest has them, and imports each: the names of
 # sys.stdlib_module_names, then every submodule the guest holds (preloaded, or stored by
-# guest-python/pycage_stdlib.py). Returns {name: null | {"error": "Type: message", "missing":
+# guest-default/python/pycage_stdlib.py). Returns {name: null | {"error": "Type: message", "missing":
 # the module a ModuleNotFoundError names, or null}}.
 import importlib
 import sys

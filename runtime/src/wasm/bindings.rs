@@ -2,7 +2,7 @@
 #![allow(missing_docs)]
 
 wasmtime::component::bindgen!({
-    path: "../wit",
+    path: "wit",
     world: "sandbox",
     imports: { default: async },
     exports: { default: async },

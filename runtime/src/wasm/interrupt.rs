@@ -6,7 +6,7 @@
 //! sets the signal's `tripped` flag, the interpreter's `is_tripped`, and the signals bit of
 //! the main thread's eval breaker, in the guest's linear memory. At its next check (each
 //! backward jump and call) the eval loop calls the SIGINT handler the guest installed
-//! (`signal.default_int_handler`, see `guest-python/pycage_wasm.py`), which raises
+//! (`signal.default_int_handler`, see `guest-default/python/pycage_wasm.py`), which raises
 //! `KeyboardInterrupt` in the running code. The run ends as a timeout and the session lives.
 //! Code that does not stop within [`GRACE`] (it swallows the exception, or computes in C,
 //! where the eval loop does not check) is trapped as before, and that ends the session.
@@ -57,7 +57,7 @@ use wasmtime::component::{ComponentType, Lower};
 /// How long code may take to stop after it has been interrupted before it is trapped.
 pub(crate) const GRACE: Duration = crate::backend::INTERRUPT_GRACE;
 
-/// Marks the guest's table; `_INTERRUPT_MAGIC` in `guest-python/pycage_wasm.py`.
+/// Marks the guest's table; `_INTERRUPT_MAGIC` in `guest-default/python/pycage_wasm.py`.
 const MAGIC: [u32; 2] = [0x65746E69, 0x70757272];
 
 /// SIGINT's number in WASI's emulated signals (as on Linux).
