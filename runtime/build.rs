@@ -31,13 +31,14 @@ fn main() {
     println!("cargo:rerun-if-env-changed={ENV_COMPONENT}");
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
     let component = out.join("pycage-guest.wasm");
-    let bytes = match env::var_os(ENV_COMPONENT) {
+    let given = env::var_os(ENV_COMPONENT);
+    let bytes = match &given {
         Some(prebuilt) => {
-            println!("cargo:rerun-if-changed={}", Path::new(&prebuilt).display());
-            fs::read(&prebuilt).unwrap_or_else(|e| {
+            println!("cargo:rerun-if-changed={}", Path::new(prebuilt).display());
+            fs::read(prebuilt).unwrap_or_else(|e| {
                 fail(&format!(
                     "{ENV_COMPONENT}={}: {e}",
-                    Path::new(&prebuilt).display()
+                    Path::new(prebuilt).display()
                 ))
             })
         }
@@ -54,7 +55,13 @@ fn main() {
     // What `scripts/guest-prebuilt` records beside a component it compresses.
     fs::write(
         out.join("pycage-guest.blake3"),
-        format!("component = {digest}\ninputs = {}\n", from_source::inputs()),
+        format!(
+            "component = {digest}\ninputs = {}\n",
+            match given {
+                Some(_) => "unknown (a component given by PYCAGE_COMPONENT)".to_owned(),
+                None => from_source::inputs(),
+            }
+        ),
     )
     .expect("OUT_DIR is writable");
     println!("cargo:rustc-cfg=pycage_built_guest");
@@ -105,8 +112,8 @@ mod from_source {
 
 #[cfg(not(feature = "guest-from-source"))]
 mod from_source {
-    pub fn inputs() -> &'static str {
-        "unknown (a component given by PYCAGE_COMPONENT)"
+    pub fn inputs() -> String {
+        unreachable!("only a component built from source has known inputs")
     }
 
     pub fn build(_: &std::path::Path) -> Option<Vec<u8>> {
