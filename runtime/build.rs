@@ -30,40 +30,40 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(pycage_built_guest)");
     println!("cargo:rerun-if-env-changed={ENV_COMPONENT}");
     let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets it"));
-    let component = out.join("pycage-guest.wasm");
-    let given = env::var_os(ENV_COMPONENT);
-    let bytes = match &given {
-        Some(prebuilt) => {
-            println!("cargo:rerun-if-changed={}", Path::new(prebuilt).display());
-            fs::read(prebuilt).unwrap_or_else(|e| {
+    // The component, and for one built from source the digest of its inputs.
+    let (bytes, inputs): (Vec<u8>, Option<String>) = match env::var_os(ENV_COMPONENT) {
+        Some(given) => {
+            println!("cargo:rerun-if-changed={}", Path::new(&given).display());
+            let bytes = fs::read(&given).unwrap_or_else(|e| {
                 fail(&format!(
                     "{ENV_COMPONENT}={}: {e}",
-                    Path::new(prebuilt).display()
+                    Path::new(&given).display()
                 ))
-            })
+            });
+            (bytes, None)
         }
-        None => match from_source::build(&out) {
-            Some(bytes) => bytes,
-            None => return,
-        },
+        #[cfg(feature = "guest-from-source")]
+        None => (
+            from_source::build(&out),
+            Some(pycage_guest::inputs_digest()),
+        ),
+        #[cfg(not(feature = "guest-from-source"))]
+        None => return,
     };
-    fs::write(&component, &bytes).unwrap_or_else(|e| fail(&format!("writing component: {e}")));
+    fs::write(out.join("pycage-guest.wasm"), &bytes)
+        .unwrap_or_else(|e| fail(&format!("writing component: {e}")));
     let digest = blake3::hash(&bytes).to_hex().to_string();
     let mut f = fs::File::create(out.join("component_digest.rs")).expect("OUT_DIR is writable");
     writeln!(f, "/// BLAKE3 of the embedded guest component.").unwrap();
     writeln!(f, "pub const COMPONENT_DIGEST: &str = \"{digest}\";").unwrap();
-    // What `scripts/guest-prebuilt` records beside a component it compresses.
-    fs::write(
-        out.join("pycage-guest.blake3"),
-        format!(
-            "component = {digest}\ninputs = {}\n",
-            match given {
-                Some(_) => "unknown (a component given by PYCAGE_COMPONENT)".to_owned(),
-                None => from_source::inputs(),
-            }
-        ),
-    )
-    .expect("OUT_DIR is writable");
+    if let Some(inputs) = inputs {
+        // What `scripts/guest-prebuilt` records beside the component it compresses.
+        fs::write(
+            out.join("pycage-guest.blake3"),
+            format!("component = {digest}\ninputs = {inputs}\n"),
+        )
+        .expect("OUT_DIR is writable");
+    }
     println!("cargo:rustc-cfg=pycage_built_guest");
 }
 
@@ -79,13 +79,9 @@ mod from_source {
 
     const ENV_PYTHON: &str = "PYCAGE_PYTHON";
 
-    pub fn inputs() -> String {
-        pycage_guest::inputs_digest()
-    }
-
     /// The finished component, built from the sources `pycage-guest` embeds (a change to
     /// them rebuilds that crate, and so reruns this script).
-    pub fn build(out: &Path) -> Option<Vec<u8>> {
+    pub fn build(out: &Path) -> Vec<u8> {
         println!("cargo:rerun-if-env-changed={ENV_PYTHON}");
         let venv = target_dir(out).join("pycage-guest").join("venv");
         let python = env::var_os(ENV_PYTHON).unwrap_or_else(|| OsString::from("python3"));
@@ -93,10 +89,8 @@ mod from_source {
             println!("cargo:warning={what}");
         })
         .unwrap_or_else(|e| fail(e.message()));
-        Some(
-            pycage_guest::build_default(&toolchain, &out.join("guest-build"))
-                .unwrap_or_else(|e| fail(e.message())),
-        )
+        pycage_guest::build_default(&toolchain, &out.join("guest-build"))
+            .unwrap_or_else(|e| fail(e.message()))
     }
 
     /// `<target>/<profile>` from `<target>/<profile>/build/<pkg>-<hash>/out`.
@@ -107,17 +101,6 @@ mod from_source {
             .and_then(Path::parent)
             .map(Path::to_path_buf)
             .unwrap_or_else(|| out.to_path_buf())
-    }
-}
-
-#[cfg(not(feature = "guest-from-source"))]
-mod from_source {
-    pub fn inputs() -> String {
-        unreachable!("only a component built from source has known inputs")
-    }
-
-    pub fn build(_: &std::path::Path) -> Option<Vec<u8>> {
-        None
     }
 }
 
