@@ -50,9 +50,7 @@ use crate::{ErrorKind, Limits, RunError, RunResult};
 /// The guest component: by default the prebuilt one of `pycage-guest-default`; with the
 /// `guest-from-source` feature or `PYCAGE_COMPONENT`, the one this crate's build script made.
 #[cfg(not(pycage_built_guest))]
-static COMPONENT: &[u8] = pycage_guest_default::COMPONENT;
-#[cfg(not(pycage_built_guest))]
-const COMPONENT_DIGEST: &str = pycage_guest_default::COMPONENT_DIGEST;
+use pycage_guest_default::{COMPONENT, COMPONENT_DIGEST};
 #[cfg(pycage_built_guest)]
 static COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/pycage-guest.wasm"));
 #[cfg(pycage_built_guest)]
