@@ -158,6 +158,9 @@ pub(crate) fn apply_sandbox_flags(
     if flags.guest.is_some() {
         config.guest.clone_from(&flags.guest);
     }
+    if let Some(seed) = flags.seed() {
+        config.seed = Some(seed);
+    }
     let limits = &mut config.limits;
     if let Some(d) = flags.timeout {
         limits.wall_timeout = d;

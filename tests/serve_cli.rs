@@ -129,6 +129,46 @@ fn pycage_serve_will_not_listen_beyond_loopback_without_a_token() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_makes_the_servers_runs_deterministic_and_needs_the_wasm_backend() {
+    let (_server, base) = start(&["--seed", "9"]);
+    let client = client();
+    let mut outputs = Vec::new();
+    for _ in 0..2 {
+        let r: Value = client
+            .post(format!("{base}/v1/runs"))
+            .json(&json!({"code": "import random, time\nreturn [time.time(), random.random()]"}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(r["ok"], json!(true), "{r:#}");
+        outputs.push(r["value"].clone());
+    }
+    assert_eq!(outputs[0], outputs[1]);
+    let clock = outputs[0][0].as_f64().unwrap();
+    assert!(
+        (946_684_800.0..946_771_200.0).contains(&clock),
+        "{outputs:?}"
+    );
+
+    for command in ["serve", "mcp"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_pycage"))
+            .args([command, "--deterministic", "--backend", "bubblewrap"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("needs backend = \"wasm\""),
+            "{command}: {stderr}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_past_the_shutdown_grace_is_cancelled_and_the_server_exits() {
     let (server, base) = start(&["--shutdown-grace", "1s"]);
     let client = client();

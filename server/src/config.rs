@@ -54,6 +54,11 @@ pub struct ServerConfig {
     /// instead of the built-in guest. A relative path is resolved against the config file's
     /// directory.
     pub guest: Option<PathBuf>,
+    /// Deterministic runs (wasm backend; the CLI's `--deterministic`/`--seed`): every run and
+    /// session starts with virtual clocks from 2000-01-01 and random bytes from this seed, so
+    /// the same code, inputs and seed give the same output and fuel. `None` (the default): the
+    /// host's clocks and entropy.
+    pub seed: Option<u64>,
     /// Tools TOML files whose command tools join the built-ins. Relative paths are resolved
     /// against the directory of the config file they were read from.
     pub tools: Vec<PathBuf>,
@@ -82,6 +87,7 @@ impl Default for ServerConfig {
             allow_network: false,
             net: pycage_tools::net::NetConfig::default(),
             guest: None,
+            seed: None,
             tools: Vec::new(),
             policy: PolicyConfig::default(),
             limits: LimitsBuilder::default(),
@@ -316,6 +322,13 @@ impl ServerConfig {
         if self.guest.is_some() && self.backend != "wasm" {
             return Err(ConfigError::Invalid(format!(
                 "guest needs backend = \"wasm\"; `{}` runs the host's own Python",
+                self.backend
+            )));
+        }
+        if self.seed.is_some() && self.backend != "wasm" {
+            return Err(ConfigError::Invalid(format!(
+                "seed (deterministic runs) needs backend = \"wasm\"; `{}` runs on the host's \
+                 clocks and entropy",
                 self.backend
             )));
         }

@@ -197,6 +197,20 @@ fn a_guest_file_is_read_against_the_config_file_and_needs_the_wasm_backend() {
 }
 
 #[test]
+fn a_seed_makes_runs_deterministic_and_needs_the_wasm_backend() {
+    let config = ServerConfig::from_toml("seed = 7\n").unwrap();
+    assert_eq!(config.seed, Some(7));
+    config.validate().unwrap();
+    assert_eq!(ServerConfig::from_toml("").unwrap().seed, None);
+    let docker = ServerConfig::from_toml("backend = \"docker\"\nseed = 0\n").unwrap();
+    let e = docker.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("seed (deterministic runs) needs backend = \"wasm\""),
+        "{e}"
+    );
+}
+
+#[test]
 fn the_net_table_reads_and_is_checked_against_the_backend_and_policy() {
     let config = ServerConfig::from_toml(
         "[net]\nallow = [\"api.example.com\"]\n\

@@ -64,19 +64,23 @@ pub fn runner(
         })
 }
 
-/// The wasm backend on `config`'s guest file, or `None` when it names none (the built-in
-/// guest, [`WasmBackend::shared`](pycage::WasmBackend::shared)). `Err` says why the file is
+/// The wasm backend `config` asks for when it is not the shared default: on its guest file,
+/// deterministic with its seed. `None` when it asks for neither (the built-in guest,
+/// [`WasmBackend::shared`](pycage::WasmBackend::shared)). `Err` says why the guest file is
 /// refused.
 pub fn guest_backend(config: &ServerConfig) -> Result<Option<pycage::WasmBackend>, String> {
-    let Some(path) = &config.guest else {
+    if config.guest.is_none() && config.seed.is_none() {
         return Ok(None);
-    };
-    let guest = pycage::Guest::from_path(path).map_err(|e| format!("guest: {e}"))?;
-    pycage::WasmBackend::builder()
-        .guest(guest)
-        .build()
-        .map(Some)
-        .map_err(|e| e.to_string())
+    }
+    let mut builder = pycage::WasmBackend::builder();
+    if let Some(path) = &config.guest {
+        let guest = pycage::Guest::from_path(path).map_err(|e| format!("guest: {e}"))?;
+        builder = builder.guest(guest);
+    }
+    if let Some(seed) = config.seed {
+        builder = builder.deterministic(seed);
+    }
+    builder.build().map(Some).map_err(|e| e.to_string())
 }
 
 /// How often a server's sessions are swept for expiry, so an expired session's guest goes

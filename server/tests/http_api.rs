@@ -114,6 +114,55 @@ async fn a_run_returns_the_result_with_files_and_what_was_clamped() {
     assert_eq!(r["error"]["kind"], json!("timeout"), "{r:#}");
 }
 
+/// What a deterministic run prints: the clock and random bytes it sees.
+const CLOCK_AND_RANDOM: &str = "import random, time\nprint(time.time(), random.random())";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_a_seed_gives_every_run_and_session_the_same_clock_and_random_bytes() {
+    let s = serve("seed = 42\n", None).await;
+    let mut outputs = Vec::new();
+    for _ in 0..2 {
+        let (status, r) = s.post("/v1/runs", json!({"code": CLOCK_AND_RANDOM})).await;
+        assert_eq!(status, StatusCode::OK, "{r:#}");
+        outputs.push(r["stdout"].as_str().unwrap().to_owned());
+    }
+    let r = s
+        .client
+        .post(format!("{}/v1/sessions", s.base))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let id = r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, r) = s
+        .post(
+            &format!("/v1/sessions/{id}/runs"),
+            json!({"code": CLOCK_AND_RANDOM}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{r:#}");
+    outputs.push(r["stdout"].as_str().unwrap().to_owned());
+    assert!(outputs.iter().all(|o| *o == outputs[0]), "{outputs:?}");
+    // The virtual clock starts at 2000-01-01, not at the host's time.
+    let now: f64 = outputs[0]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((946_684_800.0..946_771_200.0).contains(&now), "{outputs:?}");
+
+    // Without a seed, the host's clock and entropy.
+    let s = serve("", None).await;
+    let (_, a) = s.post("/v1/runs", json!({"code": CLOCK_AND_RANDOM})).await;
+    let (_, b) = s.post("/v1/runs", json!({"code": CLOCK_AND_RANDOM})).await;
+    assert_ne!(a["stdout"], b["stdout"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_their_status_and_a_json_error() {
     let s = serve("[http]\nmax_body_bytes = 65536\n", None).await;
