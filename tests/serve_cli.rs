@@ -74,15 +74,7 @@ async fn exit_status(mut server: Server) -> std::process::ExitStatus {
 async fn pycage_serve_runs_code_and_drains_on_sigterm() {
     let (server, base) = start(&["--allow", "add"]);
     let client = client();
-    let r: Value = client
-        .post(format!("{base}/v1/runs"))
-        .json(&json!({"code": "return await add(a=2, b=3)"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r = post_run(&base, json!({"code": "return await add(a=2, b=3)"})).await;
     assert_eq!(r["value"], json!({"sum": 5}), "{r:#}");
 
     // A run that takes a while, then SIGTERM while it runs.
@@ -131,18 +123,10 @@ fn pycage_serve_will_not_listen_beyond_loopback_without_a_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_makes_the_servers_runs_deterministic_and_needs_the_wasm_backend() {
     let (_server, base) = start(&["--seed", "9"]);
-    let client = client();
     let mut outputs = Vec::new();
     for _ in 0..2 {
-        let r: Value = client
-            .post(format!("{base}/v1/runs"))
-            .json(&json!({"code": "import random, time\nreturn [time.time(), random.random()]"}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let code = "import random, time\nreturn [time.time(), random.random()]";
+        let r = post_run(&base, json!({ "code": code })).await;
         assert_eq!(r["ok"], json!(true), "{r:#}");
         outputs.push(r["value"].clone());
     }
@@ -218,15 +202,11 @@ async fn insecure_no_auth_serves_beyond_loopback_without_a_token_and_says_so() {
     };
     assert!(warned, "no warning about serving without a token");
     std::thread::spawn(move || for _ in lines {});
-    let r: Value = client()
-        .post(format!("http://127.0.0.1:{port}/v1/runs"))
-        .json(&json!({"code": "return 7"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r = post_run(
+        &format!("http://127.0.0.1:{port}"),
+        json!({"code": "return 7"}),
+    )
+    .await;
     assert_eq!(r["value"], json!(7), "{r:#}");
 }
 
@@ -295,21 +275,7 @@ async fn the_config_net_table_exposes_fetch_with_its_secret() {
 
     // A run narrows the allowlist: to nothing here, so the same request is refused; a host
     // the config does not allow cannot be added.
-    let post = |body: Value| {
-        let url = format!("{base}/v1/runs");
-        async move {
-            client()
-                .post(url)
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
-    };
-    let r = post(json!({ "code": code, "net_allow": [] })).await;
+    let r = post_run(&base, json!({ "code": code, "net_allow": [] })).await;
     assert_eq!(r["error"]["kind"], json!("guest_exception"), "{r}");
     assert!(
         r["error"]["message"]
@@ -318,7 +284,7 @@ async fn the_config_net_table_exposes_fetch_with_its_secret() {
             .contains("is not on the network allowlist"),
         "{r}"
     );
-    let r = post(json!({ "code": code, "net_allow": ["example.com"] })).await;
+    let r = post_run(&base, json!({ "code": code, "net_allow": ["example.com"] })).await;
     assert_eq!(r["error"]["kind"], json!("invalid_input"), "{r}");
     assert!(
         r["error"]["message"]
@@ -327,6 +293,19 @@ async fn the_config_net_table_exposes_fetch_with_its_secret() {
             .contains("`example.com` is not one of the allowed hosts"),
         "{r}"
     );
+}
+
+/// `body` posted to `{base}/v1/runs`; the response's JSON.
+async fn post_run(base: &str, body: Value) -> Value {
+    client()
+        .post(format!("{base}/v1/runs"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 /// A reqwest client; the process's TLS provider installed first (the workspace's reqwest has
