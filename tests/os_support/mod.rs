@@ -124,7 +124,7 @@ pub fn subject(name: &'static str) -> Option<Subject> {
 
 /// One module of tests per backend, one test per case: `backend_suite! { [case_a, case_b]
 /// wasm => "wasm", bubblewrap => "bubblewrap" }` runs `case_a(&Subject)` and
-/// `case_b(&Subject)` (async functions at the test crate's root) on each backend that can run
+/// `case_b(&Subject)` (async functions of the module that invokes it) on each backend that can run
 /// here, skipping the others with the reason (failing instead in CI).
 #[macro_export]
 macro_rules! backend_suite {
@@ -137,7 +137,7 @@ macro_rules! backend_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $case() {
             if let Some(s) = $crate::os_support::subject($name) {
-                $crate::$case(&s).await;
+                super::$case(&s).await;
             }
         }
     )*};

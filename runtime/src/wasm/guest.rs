@@ -24,7 +24,7 @@ pub const SECTION: &str = "pycage-guest";
 pub const FORMAT: u32 = 1;
 
 /// The host interfaces a guest may import, one per line (`wit/guest-imports.txt`); the
-/// built-in guest imports exactly these (`tests/guest_contract.rs`).
+/// built-in guest imports exactly these (`tests/it/guest_contract.rs`).
 const ALLOWED_IMPORTS: &str = include_str!("../../wit/guest-imports.txt");
 
 /// What a guest file says about itself.

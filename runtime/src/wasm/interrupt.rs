@@ -26,7 +26,7 @@
 //! string that, while wasmtime lowers it, notes where the guest's memory is. `Code`
 //! implements wasmtime's `ComponentType` and `Lower` by delegating to `str`; those traits'
 //! methods are `#[doc(hidden)]` (they are what `#[derive(Lower)]` generates), which is why
-//! wasmtime is pinned to one exact version here, and `tests/sessions.rs` exercises the whole
+//! wasmtime is pinned to one exact version here, and `tests/it/sessions.rs` exercises the whole
 //! path on every build.
 //!
 //! **Finding the places.** The guest's snapshot holds a marked table (`_interrupt_table` in

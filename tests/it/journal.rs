@@ -1,12 +1,7 @@
 //! Tool-call journals (record, replay, tampering, divergence) and approval-gated calls that
 //! suspend a run and resume it.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -2,11 +2,6 @@
 //! rmcp server on stdio): its tools are async functions under the upstream's name, each call
 //! passes the broker (allowlist, the ceiling shared with built-in tools), and an upstream
 //! that crashes, hangs or answers garbage fails that call and is started again on the next.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -15,7 +10,9 @@ use pycage_server::{PythonTool, ServerConfig, StartError};
 use serde_json::{Value, json};
 
 /// The fixture's binary, built (once per test process) by the cargo running these tests, so
-/// it is current even when only this test target was asked for.
+/// it is current even when only this test target was asked for. Built for the whole workspace,
+/// as `cargo test --workspace` built it: with `-p pycage-server` alone, cargo would resolve
+/// other features for wasmtime and its dependencies and compile them all again.
 fn fixture() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
@@ -23,13 +20,7 @@ fn fixture() -> &'static PathBuf {
         let profile_dir = exe.parent().unwrap().parent().unwrap();
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut build = std::process::Command::new(cargo);
-        build.args([
-            "build",
-            "-p",
-            "pycage-server",
-            "--example",
-            "upstream_fixture",
-        ]);
+        build.args(["build", "--workspace", "--example", "upstream_fixture"]);
         if profile_dir.ends_with("release") {
             build.arg("--release");
         }

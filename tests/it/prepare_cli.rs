@@ -1,11 +1,6 @@
 //! `pycage prepare`: it writes the compiled guest where a later process finds it, keeps an
 //! artifact that checks out, compiles a corrupt one again, and a server started on the
 //! prepared directory says it loaded the artifact instead of compiling.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

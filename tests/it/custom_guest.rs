@@ -1,17 +1,12 @@
 //! A guest other than the built-in one: a guest file (a component and its manifest) runs
 //! through the library and the CLI, its artifact cached under its own digest, and a file that
 //! is corrupted, foreign or built by another pycage is refused with a message that says so.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-mod os_support;
+use crate::os_support;
 
 use pycage::wasm::guest::{GuestManifest, Package, seal};
 use pycage::{Guest, Runner, WasmBackend};

@@ -2,11 +2,6 @@
 //! beyond loopback without a token, and on SIGTERM drains: the run in flight finishes with
 //! its result, and the process exits 0. Unix only: the drain is driven by SIGTERM.
 #![cfg(unix)]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -1,14 +1,9 @@
 //! Values and output on their way through the host, on every backend: floats bit for bit,
 //! integers exact within 64 bits and refused beyond, nesting up to the documented 200 levels,
 //! and a single write of any size up to the output cap arriving whole.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
-mod os_support;
+use crate::common;
+use crate::os_support;
 
 use common::assert_kind;
 use os_support::Subject;

@@ -1,11 +1,6 @@
 //! `pycage run` end to end: arguments, output, exit codes.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::Path;

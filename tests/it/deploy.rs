@@ -2,13 +2,8 @@
 //! Kubernetes schemas (the `kubernetes-validate` tool from PyPI, in the interop virtualenv
 //! `scripts/setup` makes), and say what the server does: its probes are routes it serves,
 //! and the pod's grace outlasts the preStop pause plus pycage's shutdown grace.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod os_support;
+use crate::os_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

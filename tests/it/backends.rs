@@ -1,14 +1,9 @@
 //! The foundation's acceptance cases as one suite over every backend available here: wasm,
 //! bubblewrap, docker, local (opted in) and the layered wasm+bubblewrap. A backend that
 //! cannot run here is skipped with its reason, except in CI, where that fails.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
-mod os_support;
+use crate::common;
+use crate::os_support;
 
 use std::io::Read;
 use std::net::TcpListener;

@@ -1,13 +1,8 @@
 //! The OS backends' socket transport, against the real server: tokens, frame caps,
 //! malformed and hostile peers, the end of a run, concurrency. The transport is Unix-only.
 #![cfg(unix)]
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;

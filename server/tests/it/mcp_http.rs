@@ -1,11 +1,6 @@
 //! The streamable HTTP listener's guards, through the router as axum serves it: the bearer
 //! token, `Host` and `Origin` (DNS rebinding), and the body cap. (Real clients drive the
 //! listener end to end in the CLI's interop test.)
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
 use std::sync::Arc;
 

@@ -1,11 +1,6 @@
 //! The MCP server driven by a real MCP client (rmcp's) over an in-process transport: tools
 //! and their descriptions, the seed example, limits as tool errors, sessions, files,
 //! progress, cancellation and the bound on concurrent runs.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

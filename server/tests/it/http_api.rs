@@ -1,11 +1,6 @@
 //! `pycage serve`'s HTTP API over a real socket: the router served on a loopback port, driven
 //! by a real HTTP client (reqwest): every route, every error status, the concurrency bound,
 //! sessions, auth and drain.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,11 +1,6 @@
 //! The prebuilt default guest (`guest-default/`): that it was built from the sources in this
 //! checkout, that the runtime and the guest agree on one WIT contract, and that a corrupted
 //! component fails the build with a message naming the file.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
 use std::fs;
 use std::path::{Path, PathBuf};

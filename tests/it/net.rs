@@ -1,11 +1,6 @@
 //! `net.fetch` from the CLI, against a loopback server of the test's own that counts the
 //! connections it accepts: allowed requests go, refused ones never connect, and a secret's
 //! value reaches the server only, never the code, its output or the logs.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
 use std::net::SocketAddr;
 use std::process::Command;
@@ -18,8 +13,7 @@ use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use tokio::net::{TcpListener, TcpStream};
 
-#[path = "os_support/mod.rs"]
-mod os_support;
+use crate::os_support;
 
 /// A listener that counts the connections it accepts.
 struct Counting {

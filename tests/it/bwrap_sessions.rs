@@ -3,14 +3,9 @@
 //! that passes its deadline is interrupted and keeps the session unless it does not stop, a
 //! run that loses its guest ends the session, and a dropped session leaves no process or
 //! directory behind. Skips (failing in CI) where bubblewrap cannot run.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
-mod os_support;
+use crate::common;
+use crate::os_support;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -3,13 +3,8 @@
 //! module imported on demand works like a preloaded one; and CPython's own doctests of every
 //! importable module run in the sandbox against a committed list of expected failures
 //! (`tests/stdlib/doctest-expected-failures.toml`).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -20,8 +15,8 @@ use common::{assert_kind, run};
 use pycage::{ErrorKind, Limits, RunResult, Runner};
 use serde_json::{Map, Value, json};
 
-const MODULES: &str = include_str!("stdlib/modules.py");
-const DOCTESTS: &str = include_str!("stdlib/doctests.py");
+const MODULES: &str = include_str!("../stdlib/modules.py");
+const DOCTESTS: &str = include_str!("../stdlib/doctests.py");
 const EXPECTED_FAILURES: &str = "tests/stdlib/doctest-expected-failures.toml";
 
 /// The heading of the README's table of modules that do not import.

@@ -1,12 +1,7 @@
 //! Faults around the guest: misbehaving tools and a damaged artifact cache. Each gives a
 //! clear, typed error, and the host keeps serving.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

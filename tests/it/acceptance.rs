@@ -1,11 +1,6 @@
 //! The foundation's acceptance tests, through the library.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::net::TcpListener;

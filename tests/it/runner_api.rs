@@ -1,9 +1,4 @@
 //! The Runner's own rules, independent of any real sandbox.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
 use std::sync::Arc;
 use std::time::Duration;

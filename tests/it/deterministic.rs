@@ -1,11 +1,6 @@
 //! Deterministic mode: virtual clocks, seeded random bytes, the same output and fuel every time.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

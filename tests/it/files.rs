@@ -2,14 +2,9 @@
 //! the host's disk safe, bad input names, and escape attempts through the scratch directory.
 //! On every backend that places files (wasm, wasm+bubblewrap and bubblewrap's one-shot runs);
 //! the other native backends refuse input files with a typed error.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
-mod os_support;
+use crate::common;
+use crate::os_support;
 
 use common::assert_kind;
 use os_support::Subject;
@@ -359,6 +354,8 @@ backend_suite! {
 
 /// bubblewrap: the same cases, but the budgets, which the kernel enforces there.
 mod native_files {
+    use super::*;
+
     crate::backend_suite! {
         [
             inputs_are_read_and_produced_files_return,
@@ -387,6 +384,8 @@ async fn native_backends_refuse_input_files(s: &Subject) {
 }
 
 mod native {
+    use super::*;
+
     crate::backend_suite! {
         [native_backends_refuse_input_files]
         docker => "docker",

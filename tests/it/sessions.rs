@@ -1,12 +1,7 @@
 //! Sessions on the wasm backend: state that persists across runs, per-run limits, runs that
 //! end a session and what every later run says, isolation, and runs that may not overlap.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,11 +1,6 @@
 //! The warm pool: pre-instantiated guests, never reused.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,13 +3,8 @@
 //! virtualenv `scripts/setup` makes), and `pycage mcp --listen` over streamable HTTP, driven
 //! by the Python SDK with its token, `Host`, `Origin` and body-cap checks. On stdio, stdout
 //! must carry protocol messages only (a stray line breaks the clients).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod os_support;
+use crate::os_support;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -1,11 +1,6 @@
 //! Bad input to the host API: huge, odd or hostile requests get clear errors, never a crash.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "a test reports by panicking"
-)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
