@@ -18,7 +18,7 @@ MiB. Decompressing costs a run about 15 µs per KiB of code it imports (1.25 ms 
 traceback shows the same for both: file, line and function.
 
 Keep ``SKIP`` in step with the README's list of modules that do not import, which
-``tests/stdlib.rs`` checks against the guest.
+``tests/it/stdlib.rs`` checks against the guest.
 """
 
 import errno

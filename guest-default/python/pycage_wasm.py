@@ -371,9 +371,40 @@ def _call(name, args_json, table=_INTERRUPT_TABLE, hold=_HOLD):
         table[hold] = 0
 
 
+# The failure of a run that ran out of memory so far that reporting its failure did too: built
+# now, while memory is plentiful. Without it the `MemoryError` escaped `Guest.run`, and
+# componentize-py's glue panicked (its message on the run's stderr) and trapped.
+_OUT_OF_MEMORY = Err(
+    contract.Failure(
+        kind=contract.FailureKind.GUEST_EXCEPTION,
+        message="MemoryError",
+        traceback=None,
+        exception="MemoryError",
+    )
+)
+
+
+def _reported(error):
+    """The `Err` that reports `error`, or `None` when there is no memory to build it."""
+    if error is None:
+        return None
+    try:
+        return Err(
+            contract.Failure(
+                kind=_FAILURE_KINDS[error.kind],
+                message=error.message,
+                traceback=error.traceback,
+                exception=error.exception,
+            )
+        )
+    except MemoryError:
+        return None
+
+
 class Guest(exports.Guest):
     def run(self, code, request_json, table=_INTERRUPT_TABLE, hold=_HOLD):
         table[hold] = 0
+        error = None
         try:
             return pycage_runner.run(code, request_json, _call)
         except pycage_runner.Failure as failure:
@@ -382,15 +413,18 @@ class Guest(exports.Guest):
             error = failure
         except BaseException as exc:  # noqa: BLE001 - escaping here would abort the guest
             table[hold] = 1
-            error = pycage_runner.exception_failure(exc)
-        raise Err(
-            contract.Failure(
-                kind=_FAILURE_KINDS[error.kind],
-                message=error.message,
-                traceback=error.traceback,
-                exception=error.exception,
-            )
-        )
+            try:
+                error = pycage_runner.exception_failure(exc)
+            except MemoryError:
+                pass
+        # Out of the handlers: the exception, its frames and what only they held are released.
+        reported = _reported(error)
+        if reported is None:
+            # Out of memory: what the code left in reference cycles goes only by a collection,
+            # run here even when the code turned the collector off. Raising takes memory too.
+            gc.collect()
+            reported = _reported(error) or _OUT_OF_MEMORY.with_traceback(None)
+        raise reported
 
 
 _warm_up(64)

@@ -32,6 +32,7 @@ mod guest_contract;
 mod journal;
 mod mcp_cli;
 mod net;
+mod out_of_memory;
 mod prebuilt_guest;
 mod prepare_cli;
 mod runner_api;

@@ -73,6 +73,14 @@ pub(crate) fn classify(error: &wasmtime::Error, evidence: &Evidence<'_>) -> Endi
     if let Some(trap) = error.downcast_ref::<Trap>() {
         return Ending::Failed(classify_trap(*trap, evidence));
     }
+    if evidence.memory_denied {
+        // The guest's own code failed after the limiter refused it memory: an interpreter out
+        // of memory can break its glue's invariants (the canonical ABI's handle table sees a
+        // resource handle dropped twice: "unknown handle index"), which the engine reports as
+        // an error, not a trap. The memory limit ended the run; pycage did not fail.
+        tracing::debug!(error = ?error, "pycage: the guest failed after running out of memory");
+        return Ending::Failed(out_of_memory());
+    }
     tracing::error!(error = ?error, "pycage: unclassified guest error");
     Ending::Failed(RunError::new(
         ErrorKind::BackendError,
@@ -94,10 +102,7 @@ fn classify_trap(trap: Trap, evidence: &Evidence<'_>) -> RunError {
             ErrorKind::StackOverflow,
             "the guest's stack overflowed (recursion too deep for the interpreter to catch)",
         ),
-        _ if evidence.memory_denied => RunError::new(
-            ErrorKind::MemoryLimit,
-            "the guest ran out of memory under the memory limit",
-        ),
+        _ if evidence.memory_denied => out_of_memory(),
         other => RunError::new(
             ErrorKind::BackendError,
             format!("the guest interpreter crashed ({})", trap_name(other)),
@@ -105,18 +110,44 @@ fn classify_trap(trap: Trap, evidence: &Evidence<'_>) -> RunError {
     }
 }
 
+/// A run the memory limit ended without the guest reporting it: the interpreter trapped or
+/// its glue failed once the limiter had refused it memory. The exception is the one CPython
+/// raises for it, so a caller sees the same `MemoryError` whichever way the guest went down.
+fn out_of_memory() -> RunError {
+    RunError {
+        exception: Some("MemoryError".to_owned()),
+        ..RunError::new(
+            ErrorKind::MemoryLimit,
+            "the guest ran out of memory under the memory limit",
+        )
+    }
+}
+
 /// Classifies the guest's own report of a failed run, checked against what the host saw: the
 /// guest is not trusted to say that the memory limit or a denied capability ended it.
 pub(crate) fn guest_failure(failure: Failure, evidence: &Evidence<'_>) -> RunError {
-    let exception = failure
+    let mut exception = failure
         .exception
         .map(|e| cap_chars(&e, MAX_EXCEPTION_CHARS));
+    // A `MemoryError` while the guest compiled the code is reported as a syntax error ("the
+    // code is nested too deeply", which is what it means with memory to spare); when the
+    // limiter had refused memory, the memory limit ended the run.
+    let compile_out_of_memory = evidence.memory_denied
+        && matches!(failure.kind, FailureKind::SyntaxError)
+        && failure.message.starts_with("MemoryError");
+    if compile_out_of_memory {
+        exception = Some("MemoryError".to_owned());
+    }
     let kind = match failure.kind {
+        _ if compile_out_of_memory => ErrorKind::MemoryLimit,
         FailureKind::SyntaxError => ErrorKind::SyntaxError,
         FailureKind::InvalidInput => ErrorKind::InvalidInput,
         FailureKind::ValueTooLarge => ErrorKind::ValueTooLarge,
         FailureKind::GuestException => match exception.as_deref() {
-            Some("MemoryError") if evidence.memory_denied => ErrorKind::MemoryLimit,
+            // `SystemError`: the interpreter failed inside (a builtin "returned NULL without
+            // setting an exception"), which CPython does when an allocation fails where it did
+            // not expect one; with memory refused, that is the memory limit too.
+            Some("MemoryError" | "SystemError") if evidence.memory_denied => ErrorKind::MemoryLimit,
             Some("PermissionError") if evidence.denied_capability.is_some() => {
                 ErrorKind::CapabilityDenied
             }
@@ -144,3 +175,7 @@ fn trap_name(trap: Trap) -> String {
     // `Trap`'s Display is a fixed text per variant (no paths, no addresses).
     trap.to_string()
 }
+
+#[cfg(test)]
+#[path = "classify_tests.rs"]
+mod tests;
