@@ -7,6 +7,7 @@ use wasmtime_wasi::I32Exit;
 
 use super::bindings::exports::pycage::sandbox::guest::{Failure, FailureKind};
 use super::linker::CapabilityDenied;
+use crate::capture::Captured;
 use crate::result::{MAX_EXCEPTION_CHARS, MAX_MESSAGE_CHARS, MAX_TRACEBACK_CHARS, cap_chars};
 use crate::{ErrorKind, RunError};
 
@@ -168,6 +169,30 @@ pub(crate) fn guest_failure(failure: Failure, evidence: &Evidence<'_>) -> RunErr
             .map(|t| cap_chars(&t, MAX_TRACEBACK_CHARS)),
         exception,
     }
+}
+
+/// The guest's stderr of a run whose instance trapped, without the banner the guest's runtime
+/// wrote before it aborted: componentize-py's runtime is Rust inside the guest, and a panic
+/// there (a Python object it could not allocate once memory ran out: "PyObject pointer is
+/// null") prints `thread '<unnamed>' (1) panicked at <a path of the machine that built it>`.
+/// That is the runtime's diagnostic, not the code's output, and results carry no panic text;
+/// it goes to the log instead.
+pub(crate) fn without_runtime_panic(mut stderr: Captured) -> Captured {
+    const THREAD: &str = "thread '<unnamed>'";
+    let Some(at) = stderr.text.rfind(THREAD) else {
+        return stderr;
+    };
+    if !stderr.text[at..].contains(" panicked at ") {
+        return stderr;
+    }
+    tracing::debug!(banner = %&stderr.text[at..], "pycage: the guest's runtime panicked");
+    // The banner starts on a line of its own, after a blank one.
+    let kept = stderr.text[..at].trim_end_matches('\n').len();
+    stderr.text.truncate(kept);
+    if !stderr.text.is_empty() {
+        stderr.text.push('\n');
+    }
+    stderr
 }
 
 /// A short, host-independent name for a trap.

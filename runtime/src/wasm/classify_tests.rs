@@ -73,3 +73,23 @@ fn a_compile_out_of_memory_is_the_memory_limit_only_when_the_limiter_refused_mem
     );
     assert_eq!(e.kind, ErrorKind::SyntaxError);
 }
+
+fn captured(text: &str) -> Captured {
+    Captured {
+        text: text.to_owned(),
+        truncated: false,
+    }
+}
+
+#[test]
+fn the_guest_runtimes_panic_banner_is_cut_from_a_trapped_runs_stderr() {
+    let banner = "\nthread '<unnamed>' (1) panicked at /root/.cargo/registry/src/x/pyo3-0.28.3/src/instance.rs:349:60:\nPyObject pointer is null\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
+    assert_eq!(
+        without_runtime_panic(captured(&format!("the code's line\n{banner}"))).text,
+        "the code's line\n"
+    );
+    assert_eq!(without_runtime_panic(captured(banner)).text, "");
+    // The code's own words stay, even when they look alike.
+    let own = "thread '<unnamed>' is a name I like\n";
+    assert_eq!(without_runtime_panic(captured(own)).text, own);
+}

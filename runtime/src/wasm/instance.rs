@@ -394,7 +394,11 @@ impl Fresh {
         let outcome = Outcome {
             value,
             stdout: state.stdout.captured(),
-            stderr: state.stderr.captured(),
+            stderr: if poisoned {
+                classify::without_runtime_panic(state.stderr.captured())
+            } else {
+                state.stderr.captured()
+            },
             fuel_consumed,
             files,
             poisoned,
