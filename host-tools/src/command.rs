@@ -10,8 +10,10 @@
 //!
 //! # Security
 //!
-//! A command tool runs with the host's privileges, environment and working directory: it is
-//! trusted host code, configured by the operator. The guest controls only the arguments
+//! A command tool runs with the host's privileges and working directory: it is trusted host
+//! code, configured by the operator. Its environment is not the host's: only
+//! [`INHERITED_ENV`](crate::process::INHERITED_ENV) and the variables its `pass_env` names,
+//! so a secret in the host's environment reaches a tool only when its configuration says so. The guest controls only the arguments
 //! object, which the command must validate (the `parameters` schema is advisory). Stdout is
 //! read up to a byte cap and stderr keeps a bounded tail, so a command cannot make the host
 //! buffer unbounded output; the call's time limit kills the command's whole process group
@@ -32,6 +34,7 @@
 //! command = ["./wc.py", "--json"] # required argv; see below for relative paths
 //! timeout = "10s"                # optional; default 30s, must be > 0
 //! expose_stderr = true           # optional; default false: the guest sees the exit status only
+//! pass_env = ["GITHUB_TOKEN"]    # optional; host variables it gets beyond PATH, HOME, the locale...
 //! parameters = { type = "object", properties = { text = { type = "string" } } }
 //! ```
 //!
@@ -97,6 +100,7 @@ pub struct CommandTool {
     max_output_bytes: usize,
     max_stderr_bytes: usize,
     expose_stderr: bool,
+    pass_env: Vec<String>,
 }
 
 impl CommandTool {
@@ -128,7 +132,21 @@ impl CommandTool {
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
             max_stderr_bytes: DEFAULT_MAX_STDERR_BYTES,
             expose_stderr: false,
+            pass_env: Vec::new(),
         })
+    }
+
+    /// Names host environment variables the command gets beyond
+    /// [`INHERITED_ENV`](crate::process::INHERITED_ENV) (none by default).
+    ///
+    /// # Security
+    ///
+    /// The command is trusted, but what it prints reaches the guest: pass a secret only to a
+    /// command that keeps it out of its output.
+    #[must_use]
+    pub fn with_pass_env(mut self, names: Vec<String>) -> Self {
+        self.pass_env = names;
+        self
     }
 
     /// Sets the JSON schema of the arguments object.
@@ -197,7 +215,7 @@ impl CommandTool {
         let mut input = serde_json::to_vec(&Value::Object(args))
             .map_err(|_| ToolError::Failed("tool arguments could not be encoded".into()))?;
         input.push(b'\n');
-        let mut process = Process::spawn(&self.argv)?;
+        let mut process = Process::spawn(&self.argv, &self.pass_env)?;
         let exchanged = tokio::time::timeout(
             self.timeout,
             process.exchange(input, self.max_output_bytes, self.max_stderr_bytes),
@@ -254,10 +272,11 @@ struct Output {
 }
 
 impl Process {
-    fn spawn(argv: &[String]) -> Result<Self, ToolError> {
+    fn spawn(argv: &[String], pass_env: &[String]) -> Result<Self, ToolError> {
         let not_started = || ToolError::Failed("tool could not be started".into());
         let (program, args) = argv.split_first().ok_or_else(not_started)?;
         let mut command = Command::new(program);
+        crate::process::inherit_env_only(&mut command, pass_env);
         command
             .args(args)
             .stdin(Stdio::piped())

@@ -390,6 +390,40 @@ async fn expose_stderr_is_read_from_the_file() {
     assert!(message.contains("invalid type"), "{message}");
 }
 
+/// Issue 37, hole 8: a command tool does not inherit the host's environment (a secret there
+/// reached every tool, and through its output the guest): only `PATH` and its kind, and what
+/// `pass_env` names. `CARGO_MANIFEST_DIR` stands for the secret: cargo sets it in this test's
+/// environment, and it is not one of the inherited names.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_command_tool_gets_only_the_inherited_environment_and_what_pass_env_names() {
+    assert!(
+        std::env::var_os("CARGO_MANIFEST_DIR").is_some(),
+        "run by cargo"
+    );
+    let tool = |extra: &str| {
+        format!(
+            "[[tool]]\nname = \"t\"\nnamespace = \"n\"\ndescription = \"d\"\n\
+             command = [\"sh\", \"-c\", \"printf '{{\\\"secret\\\": \\\"%s\\\", \\\"path\\\": \\\"%s\\\"}}' \\\"$CARGO_MANIFEST_DIR\\\" \\\"$PATH\\\"\"]\n{extra}"
+        )
+    };
+    let path = std::env::var("PATH").expect("PATH is set");
+    let dir = std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo");
+    for (extra, secret) in [
+        ("", ""),
+        ("pass_env = [\"CARGO_MANIFEST_DIR\"]\n", dir.as_str()),
+    ] {
+        let registry = parse_toml(&tool(extra), "tools.toml").expect("valid file");
+        let t = registry.get("n", "t").expect("tool");
+        let result = t.call(Args::new()).await;
+        assert_eq!(
+            result,
+            Ok(json!({"secret": secret, "path": path})),
+            "{extra:?}"
+        );
+    }
+}
+
 #[test]
 fn syntax_errors_give_a_position() {
     let message = config_error(parse_toml("[[tool]]\nname = \n", "tools.toml"));

@@ -6,6 +6,52 @@ use std::io;
 
 use tokio::process::{Child, Command};
 
+/// The host environment variables a command tool or an upstream MCP server inherits: what a
+/// program needs to start and find its tools (`PATH`, `HOME`, the locale, the time zone, the
+/// temporary directory, and Windows' system variables), and none of the rest, so a secret in
+/// the host's environment (an API token, a cloud credential) reaches no child unless its
+/// configuration names it (`pass_env`).
+pub const INHERITED_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "TMPDIR",
+    // Windows: without these many programs do not start.
+    "SYSTEMROOT",
+    "SYSTEMDRIVE",
+    "WINDIR",
+    "COMSPEC",
+    "PATHEXT",
+    "TEMP",
+    "TMP",
+    "USERPROFILE",
+    "APPDATA",
+    "LOCALAPPDATA",
+    "PROGRAMDATA",
+    "PROGRAMFILES",
+];
+
+/// Clears `command`'s environment, then gives it [`INHERITED_ENV`] and the variables named in
+/// `pass` from this process's environment (each that is set).
+pub fn inherit_env_only(command: &mut Command, pass: &[String]) {
+    command.env_clear();
+    let names = INHERITED_ENV
+        .iter()
+        .copied()
+        .chain(pass.iter().map(String::as_str));
+    for name in names {
+        if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        }
+    }
+}
+
 /// A spawned child leading its own process group (on Unix; elsewhere, the child alone).
 ///
 /// Dropping it kills the whole group and the child (`kill_on_drop`), so a cancelled call or

@@ -61,6 +61,11 @@ fn tools() -> Vec<Tool> {
             schema(json!({"message": {"type": "string"}})),
         ),
         Tool::new("secret", "Returns a secret", schema(json!({}))),
+        Tool::new(
+            "getenv",
+            "This process's environment variable `name`, or null",
+            schema(json!({"name": {"type": "string"}})),
+        ),
         Tool::new("calls", "Counts this process's calls", schema(json!({}))),
         Tool::new("crash", "Exits mid-call", schema(json!({}))),
         Tool::new("hang", "Never answers", schema(json!({}))),
@@ -116,6 +121,10 @@ impl ServerHandler for Fixture {
                 CallToolResult::error(vec![ContentBlock::text(message)])
             }
             "secret" => structured(json!({"secret": "CANARY-UPSTREAM-SECRET"})),
+            "getenv" => {
+                let name = args.get("name").and_then(Value::as_str).unwrap_or_default();
+                structured(json!({"value": std::env::var(name).ok()}))
+            }
             "calls" => structured(json!(counts)),
             "crash" => std::process::exit(3),
             "garbage" => {

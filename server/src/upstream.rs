@@ -55,9 +55,16 @@ pub struct UpstreamConfig {
     /// server started as a `command`, are the ways to such a server).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
-    /// Variables added to the child's environment (it inherits pycage's); with `command`.
+    /// Variables set in the child's environment; with `command`. The child does not inherit
+    /// pycage's environment: only `PATH`, `HOME`, the locale and the like
+    /// ([`INHERITED_ENV`](pycage_tools::process::INHERITED_ENV)), what `pass_env` names, and
+    /// these.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Variables of pycage's own environment the child gets too (`["GITHUB_TOKEN"]`); with
+    /// `command`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pass_env: Vec<String>,
     /// How long one call (or the start) may take before the upstream counts as hung
     /// (default 60 s). The run's per-call timeout applies too; the smaller wins.
     #[serde(
@@ -87,6 +94,7 @@ impl UpstreamConfig {
             command,
             url: None,
             env: BTreeMap::new(),
+            pass_env: Vec::new(),
             timeout: default_timeout(),
             max_restarts: default_max_restarts(),
         }
@@ -155,9 +163,10 @@ impl UpstreamConfig {
                 }
             }
         }
-        if self.url.is_some() && !self.env.is_empty() {
+        if self.url.is_some() && !(self.env.is_empty() && self.pass_env.is_empty()) {
             return Err(format!(
-                "upstream `{}`: `env` is for a `command`; a `url` upstream runs elsewhere",
+                "upstream `{}`: `env` and `pass_env` are for a `command`; a `url` upstream \
+                 runs elsewhere",
                 self.name
             ));
         }
@@ -403,6 +412,7 @@ async fn start(config: &UpstreamConfig) -> Result<Client, String> {
         };
     }
     let mut command = tokio::process::Command::new(&config.command[0]);
+    pycage_tools::process::inherit_env_only(&mut command, &config.pass_env);
     command.args(&config.command[1..]).envs(&config.env);
     let (transport, _) = TokioChildProcess::builder(command)
         .stderr(Stdio::inherit())

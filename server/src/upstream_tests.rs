@@ -54,7 +54,10 @@ fn a_url_upstream_is_http_with_a_host_and_nothing_of_a_command() {
     let e = refused("name = \"s\"\nurl = \"http://a/mcp\"\ncommand = [\"srv\"]");
     assert!(e.contains("either `command` or `url`"), "{e}");
     let e = refused("name = \"s\"\nurl = \"http://a/mcp\"\nenv = { A = \"1\" }");
-    assert!(e.contains("`env` is for a `command`"), "{e}");
+    assert!(
+        e.contains("`env` and `pass_env` are for a `command`"),
+        "{e}"
+    );
     let e = refused("name = \"s\"");
     assert!(e.contains("give `command` or `url`"), "{e}");
 }

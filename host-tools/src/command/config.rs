@@ -36,6 +36,8 @@ struct ToolEntry {
     timeout: Duration,
     #[serde(default)]
     expose_stderr: bool,
+    #[serde(default)]
+    pass_env: Vec<String>,
     #[serde(default = "object_schema", deserialize_with = "parameters")]
     parameters: Value,
 }
@@ -111,7 +113,8 @@ fn build_tool(entry: ToolEntry, base: Option<&Path>) -> Result<CommandTool, Stri
     Ok(tool
         .with_timeout(entry.timeout)
         .with_parameters(entry.parameters)
-        .with_expose_stderr(entry.expose_stderr))
+        .with_expose_stderr(entry.expose_stderr)
+        .with_pass_env(entry.pass_env))
 }
 
 /// `tool #N` (1-based) and, when it has a `name`, `` (`name`) ``.

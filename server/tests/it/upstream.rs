@@ -83,6 +83,31 @@ async fn upstream_tools_are_async_functions_under_the_upstream_name() {
     assert_eq!(r["tool_calls"], 5);
 }
 
+/// Issue 37, hole 8: an upstream started as a command does not inherit the server's
+/// environment: `CARGO_MANIFEST_DIR` (cargo sets it in this test's environment; it stands for
+/// a secret there) reaches it only when `pass_env` names it, and `env` sets a variable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_gets_only_the_inherited_environment_pass_env_and_env() {
+    let host = std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo");
+    let code = "return [await fx.getenv(name=n) for n in \
+                ['CARGO_MANIFEST_DIR', 'PATH', 'PYCAGE_FX_SET']]";
+    let path = std::env::var("PATH").expect("PATH is set");
+    for (extra, expected) in [
+        (
+            "",
+            json!([{"value": null}, {"value": path}, {"value": null}]),
+        ),
+        (
+            "pass_env = [\"CARGO_MANIFEST_DIR\"]\nenv = { PYCAGE_FX_SET = \"set\" }\n",
+            json!([{"value": host}, {"value": path}, {"value": "set"}]),
+        ),
+    ] {
+        let tool = start(&config(&["fx.getenv"], extra, "")).await;
+        let r = run(&tool, code).await;
+        assert_eq!(r["value"], expected, "{extra:?}: {r:#}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_tool_outside_the_allowlist_is_refused_and_never_called() {
     let tool = start(&config(&["fx.add", "fx.calls"], "", "")).await;
