@@ -569,6 +569,26 @@ impl Secrets {
         Ok(out)
     }
 
+    /// True when a secret is bound to `target`: its responses may hold a value (the request
+    /// carried it, or the host knows it), so they must come in a form redaction can read.
+    pub fn bound_to(&self, target: &Target) -> bool {
+        self.secrets
+            .iter()
+            .any(|s| s.hosts.iter().any(|h| h.matches(target)))
+    }
+
+    /// True when `text` holds a secret's value as it is or percent-decoded (a URL's form of
+    /// it), after [`redact`](Self::redact) had its chance: a form redaction cannot undo.
+    pub fn revealed_in(&self, text: &str) -> bool {
+        let decoded = url::form_urlencoded::parse(text.as_bytes())
+            .flat_map(|(k, v)| [k.into_owned(), v.into_owned()])
+            .collect::<Vec<_>>()
+            .join("\n");
+        self.secrets
+            .iter()
+            .any(|s| text.contains(&s.value) || decoded.contains(&s.value))
+    }
+
     /// `text` with every secret's value replaced by its placeholder: for what goes back to
     /// the guest (a response that echoes a header, an error) and what is logged.
     pub fn redact(&self, text: &str) -> String {

@@ -15,7 +15,14 @@
 //!   time are capped ([`FetchLimits`]).
 //!
 //! What comes back to the guest, and what is logged, has every secret's value turned back
-//! into its placeholder ([`Secrets::redact`]).
+//! into its placeholder ([`Secrets::redact`]). Redaction finds the value as it is, so a host
+//! a secret is bound to must answer in a form it can read: such a request goes with
+//! `Accept-Encoding: identity` and without `Range` or `If-Range` (whatever the code asked),
+//! and an encoded (`Content-Encoding`) or partial (206) answer from it fails the call. A
+//! redirect's `Location` is redacted before it is followed, so a value the host put in it
+//! reaches only a host the secret is bound to; one in a form redaction cannot undo fails the
+//! call. What is not promised: a bound host that transforms the value (base64, splitting it
+//! across headers) gets it past redaction; bind a secret only to a host trusted with it.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -79,6 +86,10 @@ const RESERVED_HEADERS: &[&str] = &[
     "proxy-authorization",
     "proxy-connection",
 ];
+
+/// Headers not sent to a host a secret is bound to: its answer must be whole and plain for
+/// redaction to find the value (`Accept-Encoding` is set to `identity` instead).
+const UNREDACTABLE_REQUEST_HEADERS: &[&str] = &["accept-encoding", "range", "if-range"];
 
 /// Headers dropped on a redirect to another host.
 const CREDENTIAL_HEADERS: &[&str] = &["authorization", "cookie"];
@@ -417,8 +428,19 @@ impl Inner {
                     "a secret's value changes where the URL points".into(),
                 ));
             }
+            // A host a secret is bound to answers in a form redaction can read.
+            let guarded = self.secrets.bound_to(&target);
             let mut map = HeaderMap::new();
+            if guarded {
+                map.insert(
+                    reqwest::header::ACCEPT_ENCODING,
+                    HeaderValue::from_static("identity"),
+                );
+            }
             for (name, value) in &headers {
+                if guarded && UNREDACTABLE_REQUEST_HEADERS.contains(&name.as_str()) {
+                    continue;
+                }
                 let value = self.secrets.substitute(value, &target).map_err(refused)?;
                 let value = HeaderValue::from_str(&value).map_err(|_| {
                     ToolError::Failed(format!(
@@ -446,9 +468,19 @@ impl Inner {
                         self.limits.max_redirects
                     )));
                 }
+                // A value the host put in the Location goes on as its placeholder: the next
+                // hop puts it back only for a host the secret is bound to.
+                let location = self.secrets.redact(&location);
                 let next = reqwest::Url::parse(&url)
                     .and_then(|base| base.join(&location))
                     .map_err(|e| ToolError::Failed(format!("a redirect to a bad URL: {e}")))?;
+                if self.secrets.revealed_in(next.as_str()) {
+                    return Err(ToolError::Failed(
+                        "a redirect's URL holds a secret's value in a form that cannot be \
+                         redacted; it was not followed"
+                            .into(),
+                    ));
+                }
                 if status == StatusCode::SEE_OTHER
                     || (matches!(status, StatusCode::MOVED_PERMANENTLY | StatusCode::FOUND)
                         && method == Method::POST)
@@ -462,7 +494,7 @@ impl Inner {
                 url = next.to_string();
                 continue;
             }
-            let read = self.read(response, &url).await;
+            let read = self.read(response, &url, guarded).await;
             tracing::info!(
                 target: "pycage::audit",
                 tool = "net.fetch",
@@ -484,8 +516,31 @@ impl Inner {
         &self,
         mut response: reqwest::Response,
         url: &str,
+        guarded: bool,
     ) -> Result<(Value, usize), ToolError> {
         let max = self.limits.max_response_bytes;
+        if guarded {
+            let encoding = response
+                .headers()
+                .get(reqwest::header::CONTENT_ENCODING)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|e| !e.is_empty() && !e.eq_ignore_ascii_case("identity"));
+            if let Some(encoding) = encoding {
+                return Err(ToolError::Failed(format!(
+                    "the answer of a host a secret is bound to came encoded ({}); it must \
+                     come plain so the secret can be redacted from it",
+                    self.secrets.redact(encoding)
+                )));
+            }
+            if response.status() == StatusCode::PARTIAL_CONTENT {
+                return Err(ToolError::Failed(
+                    "the answer of a host a secret is bound to came partial (206); it must \
+                     come whole so the secret can be redacted from it"
+                        .into(),
+                ));
+            }
+        }
         if response.content_length().is_some_and(|n| n > max as u64) {
             return Err(too_large(max));
         }

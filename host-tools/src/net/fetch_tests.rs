@@ -358,3 +358,162 @@ async fn a_run_narrows_the_allowlist_and_cannot_widen_it() {
         "{wider}"
     );
 }
+
+/// A loopback server that reflects what a request carried, for the redaction tests: `/reflect`
+/// answers the `Authorization` header it got, gzip-labelled when asked for gzip and partial
+/// when asked for a range; `/encoded` and `/partial` answer so whatever was asked;
+/// `/leak?port=P` redirects to port P with the `Authorization` value in the URL. Each request's
+/// `Accept-Encoding` and `Range` are noted in `seen`.
+async fn reflecting_server(seen: Arc<std::sync::Mutex<Vec<String>>>) -> u16 {
+    let note = move |h: &Headers| {
+        let get = |n: header::HeaderName| {
+            h.get(n)
+                .map(|v| v.to_str().unwrap_or("").to_owned())
+                .unwrap_or_default()
+        };
+        seen.lock().unwrap().push(format!(
+            "accept-encoding={} range={}",
+            get(header::ACCEPT_ENCODING),
+            get(header::RANGE)
+        ));
+        get(header::AUTHORIZATION)
+    };
+    let (n1, n2, n3, n4) = (note.clone(), note.clone(), note.clone(), note);
+    let app = Router::new()
+        .route(
+            "/reflect",
+            get(move |h: Headers| async move {
+                let auth = n1(&h);
+                let gzip = h
+                    .get(header::ACCEPT_ENCODING)
+                    .is_some_and(|v| v.to_str().unwrap_or("").contains("gzip"));
+                if gzip {
+                    // Stands for gzip: the value, not as it is.
+                    let hidden: String = auth.chars().rev().collect();
+                    return ([(header::CONTENT_ENCODING, "gzip")], hidden).into_response();
+                }
+                if h.contains_key(header::RANGE) {
+                    return (Status::PARTIAL_CONTENT, auth[..auth.len() / 2].to_owned())
+                        .into_response();
+                }
+                auth.into_response()
+            }),
+        )
+        .route(
+            "/encoded",
+            get(move |h: Headers| async move {
+                let auth: String = n2(&h).chars().rev().collect();
+                ([(header::CONTENT_ENCODING, "gzip")], auth)
+            }),
+        )
+        .route(
+            "/partial",
+            get(move |h: Headers| async move {
+                let auth = n3(&h);
+                (Status::PARTIAL_CONTENT, auth[..auth.len() / 2].to_owned())
+            }),
+        )
+        .route(
+            "/leak",
+            get(
+                move |h: Headers,
+                      axum::extract::Query(q): axum::extract::Query<
+                    std::collections::HashMap<String, String>,
+                >| async move {
+                    let auth = n4(&h);
+                    let to = format!(
+                        "http://127.0.0.1:{}/hello?k={}",
+                        q.get("port").cloned().unwrap_or_default(),
+                        auth.trim_start_matches("Bearer ")
+                    );
+                    (Status::FOUND, [(header::LOCATION, to)])
+                },
+            ),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    port
+}
+
+/// Issue 37, hole 2: asking the bound host for gzip or a range no longer gets the secret
+/// back unredacted: the request goes plain and whole, and an answer that is not fails.
+#[tokio::test]
+async fn a_bound_hosts_answer_must_be_plain_and_whole_for_redaction() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let port = reflecting_server(seen.clone()).await;
+    let secret = Secret::new(
+        "TOKEN",
+        "s3cr3t-value",
+        vec![format!("127.0.0.1:{port}").parse::<HostPattern>().unwrap()],
+    )
+    .unwrap();
+    let t = tool(loopback_policy(), Secrets::new().with(secret));
+    let url = |path: &str| format!("http://127.0.0.1:{port}{path}");
+    for headers in [
+        json!({"Authorization": "Bearer PYCAGE_SECRET_TOKEN", "Accept-Encoding": "gzip"}),
+        json!({"Authorization": "Bearer PYCAGE_SECRET_TOKEN", "Range": "bytes=0-9", "If-Range": "x"}),
+    ] {
+        let r = call(&t, json!({"url": url("/reflect"), "headers": headers}))
+            .await
+            .unwrap();
+        assert_eq!(r["status"], 200, "{r}");
+        assert_eq!(r["body"], "Bearer PYCAGE_SECRET_TOKEN", "{r}");
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            "accept-encoding=identity range=",
+            "accept-encoding=identity range="
+        ]
+    );
+    for path in ["/encoded", "/partial"] {
+        let e = call(
+            &t,
+            json!({"url": url(path), "headers": {"Authorization": "Bearer PYCAGE_SECRET_TOKEN"}}),
+        )
+        .await
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("so the secret can be redacted"),
+            "{path}: {text}"
+        );
+        assert!(
+            !text.contains("s3cr3t") && !text.contains("eulav-t3rc3s"),
+            "{text}"
+        );
+    }
+}
+
+/// Issue 37, hole 6: a redirect whose `Location` holds the value the bound host got does
+/// not carry it to a host the secret is not bound to.
+#[tokio::test]
+async fn a_secret_in_a_redirects_location_does_not_follow_it_to_another_host() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let bound = reflecting_server(seen).await;
+    let other = server().await;
+    let secret = Secret::new(
+        "TOKEN",
+        "s3cr3t-value",
+        vec![format!("127.0.0.1:{bound}").parse::<HostPattern>().unwrap()],
+    )
+    .unwrap();
+    let t = tool(loopback_policy(), Secrets::new().with(secret));
+    let e = call(
+        &t,
+        json!({
+            "url": format!("http://127.0.0.1:{bound}/leak?port={}", other.port),
+            "headers": {"Authorization": "Bearer PYCAGE_SECRET_TOKEN"},
+        }),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("may not be sent to"), "{e}");
+    assert!(!e.to_string().contains("s3cr3t"), "{e}");
+    assert_eq!(
+        other.requests.load(Ordering::SeqCst),
+        0,
+        "the other host was reached"
+    );
+}
