@@ -223,6 +223,11 @@ pub struct ResumeArgs {
     #[command(flatten)]
     pub decision: DecisionArgs,
 
+    /// The oldest a suspended state may be to resume, with a unit [default: 24h]. Each
+    /// state resumes once, whatever its outcome.
+    #[arg(long = "max-age", value_name = "DURATION", value_parser = parse_duration)]
+    pub max_age: Option<Duration>,
+
     /// The sandbox flags of the suspended run (its tools and policy); the seed is the
     /// state's unless given.
     #[command(flatten)]
@@ -369,15 +374,27 @@ pub struct ServeArgs {
     #[arg(long = "max-queued", value_name = "N")]
     pub max_queued: Option<usize>,
 
-    /// A file holding the bearer token every request must carry (required to listen on an
-    /// address that is not loopback).
+    /// A file holding the bearer token every request must carry (required unless
+    /// --insecure-no-auth; /healthz, /readyz and /metrics need none).
     #[arg(long = "token-file", value_name = "FILE")]
     pub token_file: Option<PathBuf>,
 
-    /// Listen beyond loopback without a token: only for a network that only trusted clients
-    /// reach (behind an authenticating proxy). Anyone who reaches the address runs code.
+    /// Serve without a token: only for a network that only trusted clients reach (behind an
+    /// authenticating proxy, or loopback on a machine with no other users). Anyone who
+    /// reaches the address runs code.
     #[arg(long = "insecure-no-auth")]
     pub insecure_no_auth: bool,
+
+    /// Also accept this `Host`, `name` (any port) or `name:port` (repeatable; `localhost`
+    /// and IP addresses always are). Others get 403, against DNS rebinding.
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    pub allowed_hosts: Vec<String>,
+
+    /// Also accept requests from a browser page of this `Origin`, `https://app.example`,
+    /// `https://app.example:8443` or `http://app.example:*` (repeatable; loopback origins
+    /// always are). Others get 403.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    pub allowed_origins: Vec<String>,
 
     /// After SIGTERM or SIGINT, how long the runs in flight may take to finish before they
     /// are cancelled, with a unit [default: 30s].

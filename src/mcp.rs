@@ -107,20 +107,30 @@ fn config(args: &McpArgs) -> Result<ServerConfig, String> {
     if args.listen.is_some() {
         config.http.listen = args.listen;
     }
-    if args.token_file.is_some() {
-        config.http.token_file.clone_from(&args.token_file);
-    }
-    config
-        .http
-        .allowed_hosts
-        .extend(args.allowed_hosts.iter().cloned());
-    config
-        .http
-        .allowed_origins
-        .extend(args.allowed_origins.iter().cloned());
+    apply_front_door_flags(
+        &mut config.http,
+        args.token_file.as_ref(),
+        &args.allowed_hosts,
+        &args.allowed_origins,
+    );
     config.upstream.extend(args.upstreams.iter().cloned());
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)
+}
+
+/// `--token-file` (replacing the file's), `--allowed-host` and `--allowed-origin` (adding to
+/// the file's) over `http`: both servers' front-door flags.
+pub(crate) fn apply_front_door_flags(
+    http: &mut pycage_server::HttpConfig,
+    token_file: Option<&std::path::PathBuf>,
+    allowed_hosts: &[String],
+    allowed_origins: &[String],
+) {
+    if let Some(token_file) = token_file {
+        http.token_file = Some(token_file.clone());
+    }
+    http.allowed_hosts.extend(allowed_hosts.iter().cloned());
+    http.allowed_origins.extend(allowed_origins.iter().cloned());
 }
 
 /// The sandbox flags (and `--approve`) over `config`: each one given replaces the file's

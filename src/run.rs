@@ -100,22 +100,41 @@ pub(crate) fn report(result: &RunResult, journal: &JournalArgs, output: &OutputA
     exit
 }
 
-/// `value` as pretty JSON in a new file at `path` (replacing one there).
+/// `value` as pretty JSON in a new file at `path`, readable by its owner only (a journal or
+/// a suspended state holds the code, its inputs and every call's arguments), replacing one
+/// there atomically.
 fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), String> {
+    use std::io::Write as _;
     let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-    std::fs::write(path, text + "\n").map_err(|e| e.to_string())
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    // tempfile makes the file with mode 0600 on Unix; `persist` renames it into place.
+    let mut file = tempfile::NamedTempFile::new_in(dir).map_err(|e| e.to_string())?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.write_all(b"\n"))
+        .map_err(|e| e.to_string())?;
+    file.persist(path).map_err(|e| e.error.to_string())?;
+    Ok(())
 }
 
 /// The journal key `args` names (or the user's default key file), when the run signs or
 /// checks anything with it.
 pub(crate) fn journal_key(args: &JournalArgs) -> Result<JournalKey, String> {
-    let path = match &args.journal_key {
-        Some(path) => path.clone(),
-        None => JournalKey::default_path().ok_or(
-            "no configuration directory is known for the journal key; pass --journal-key FILE",
-        )?,
-    };
+    let path = journal_key_path(args)?;
     JournalKey::load_or_create(&path).map_err(|e| format!("--journal-key: {e}"))
+}
+
+/// Where the journal key `args` names lives (or the user's default key file).
+pub(crate) fn journal_key_path(args: &JournalArgs) -> Result<PathBuf, String> {
+    match &args.journal_key {
+        Some(path) => Ok(path.clone()),
+        None => JournalKey::default_path().ok_or_else(|| {
+            "no configuration directory is known for the journal key; pass --journal-key FILE"
+                .into()
+        }),
+    }
 }
 
 /// How `pycage run` exits for `result`.

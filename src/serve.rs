@@ -12,6 +12,14 @@ use pycage_server::{ServerConfig, StartError};
 use crate::cli::ServeArgs;
 use crate::exit::Exit;
 
+/// What `pycage serve` without a token says.
+const NO_TOKEN: &str = "serving needs a bearer token, even on loopback: write one to a \
+file and pass it, for example\n  \
+head -c 32 /dev/urandom | base64 > token && chmod 600 token\n  \
+pycage serve --token-file token\n\
+(or `[http] token_file` in the --config file); clients send `Authorization: Bearer <token>`. \
+--insecure-no-auth serves without one, for a network only trusted clients reach.";
+
 /// Where `pycage serve` listens unless told.
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
@@ -75,15 +83,13 @@ fn config(args: &ServeArgs) -> Result<(ServerConfig, SocketAddr), String> {
     if args.max_queued.is_some() {
         config.runs.max_queued = args.max_queued;
     }
-    if args.token_file.is_some() {
-        config.http.token_file.clone_from(&args.token_file);
-    }
+    crate::mcp::apply_front_door_flags(
+        &mut config.http,
+        args.token_file.as_ref(),
+        &args.allowed_hosts,
+        &args.allowed_origins,
+    );
     config.http.insecure_no_auth |= args.insecure_no_auth;
-    if config.http.insecure_no_auth && config.http.token_file.is_none() {
-        eprintln!(
-            "pycage: --insecure-no-auth: serving without a token; anyone who reaches the address runs code"
-        );
-    }
     if let Some(grace) = args.shutdown_grace {
         config.http.shutdown_grace = grace;
     }
@@ -94,5 +100,16 @@ fn config(args: &ServeArgs) -> Result<(ServerConfig, SocketAddr), String> {
     // Validated with the address it will listen on (beyond loopback a token is required).
     config.http.listen = Some(addr);
     config.validate().map_err(|e| e.to_string())?;
+    if config.http.token_file.is_none() {
+        if !config.http.insecure_no_auth {
+            // On loopback too: every local user and process (a dependency's postinstall
+            // script, a container sharing the host's network) could otherwise run code with
+            // the server's tools and secrets.
+            return Err(NO_TOKEN.into());
+        }
+        eprintln!(
+            "pycage: --insecure-no-auth: serving without a token; anyone who reaches the address runs code"
+        );
+    }
     Ok((config, addr))
 }

@@ -98,6 +98,7 @@ impl JournalKey {
         let shown = path.display();
         match std::fs::read_to_string(path) {
             Ok(text) => {
+                check_private(path)?;
                 let bytes = URL_SAFE_NO_PAD.decode(text.trim()).map_err(|_| {
                     JournalError::Key(format!("{shown} does not hold a base64url key"))
                 })?;
@@ -140,6 +141,30 @@ fn random_bytes() -> Result<[u8; MIN_KEY_BYTES], JournalError> {
     getrandom::fill(&mut bytes)
         .map_err(|e| JournalError::Key(format!("the random source failed: {e}")))?;
     Ok(bytes)
+}
+
+/// Refuses a key file that users other than its owner may read or write (as ssh refuses a
+/// private key): anyone who reads it can forge journals and suspended runs.
+fn check_private(path: &Path) -> Result<(), JournalError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path)
+            .map_err(|e| JournalError::Key(format!("cannot read {}: {e}", path.display())))?
+            .permissions()
+            .mode();
+        if mode & 0o077 != 0 {
+            return Err(JournalError::Key(format!(
+                "{shown} can be read or written by other users (mode {mode:03o}); anyone who \
+                 reads it can forge journals and suspended runs: `chmod 600 {shown}`",
+                shown = path.display(),
+                mode = mode & 0o777,
+            )));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
 }
 
 /// Creates `path` (and its directory) with `text`, readable by its owner only.
@@ -343,6 +368,14 @@ pub struct PendingCall {
 pub struct Suspended {
     /// [`JOURNAL_VERSION`].
     pub version: u32,
+    /// A random id (32 hex digits), new for each suspension: what a host records to let the
+    /// state resume once (`pycage resume` does). Empty in a state signed without one.
+    #[serde(default)]
+    pub id: String,
+    /// When the run was suspended, in seconds since the Unix epoch (the host's clock): what a
+    /// host checks the state's age against. 0 in a state signed without one.
+    #[serde(default)]
+    pub suspended_at: u64,
     /// The code.
     pub code: String,
     /// Its initial global variables.
@@ -364,13 +397,28 @@ pub struct Suspended {
     /// still do when it resumes, whatever the resuming runner's policy.
     #[serde(default)]
     pub approve: Vec<String>,
+    /// The limits the run's request set (`None`: the runner's): a resume runs within them,
+    /// not within the resuming runner's, so approving a call does not lift them.
+    #[serde(default)]
+    pub limits: Option<crate::Limits>,
     /// HMAC-SHA256 (base64url) over the rest, with the host's key.
     pub mac: String,
 }
 
 impl Suspended {
+    /// `state` signed by `key`, stamped with a new [`id`](Self::id) and the time now.
     pub(crate) fn sign(key: &JournalKey, mut state: Suspended) -> Self {
         state.version = JOURNAL_VERSION;
+        let mut id = [0u8; 16];
+        // Without a random source the state has no id, and a host that resumes each state
+        // once refuses it (saying so) rather than taking a guessable one.
+        state.id = match getrandom::fill(&mut id) {
+            Ok(()) => id.iter().map(|b| format!("{b:02x}")).collect(),
+            Err(_) => String::new(),
+        };
+        state.suspended_at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         state.mac = state.signature(key);
         state
     }

@@ -62,30 +62,35 @@ fn any_change_to_a_journal_breaks_its_signature_but_reordering_keys_does_not() {
     assert_eq!(bad_mac.verify(&key), Err(JournalError::BadSignature));
 }
 
+/// A suspended state of `code` pending at `fx.send`, not yet signed, its `mac` field `mac`.
+fn unsigned_state(mac: String) -> Suspended {
+    Suspended {
+        version: 0,
+        id: String::new(),
+        suspended_at: 0,
+        code: "code".into(),
+        vars: Map::new(),
+        files: Vec::new(),
+        seed: None,
+        calls: Vec::new(),
+        pending: PendingCall {
+            position: 0,
+            tool: "fx.send".into(),
+            args: Map::new(),
+            reason: "r".into(),
+        },
+        tools: Vec::new(),
+        approve: Vec::new(),
+        limits: None,
+        mac,
+    }
+}
+
 #[test]
 fn a_journal_signature_does_not_verify_a_suspended_state_and_other_versions_are_refused() {
     let key = JournalKey::generate().unwrap();
     let journal = Journal::sign(&key, "code", None, Vec::new());
-    let state = Suspended::sign(
-        &key,
-        Suspended {
-            version: 0,
-            code: "code".into(),
-            vars: Map::new(),
-            files: Vec::new(),
-            seed: None,
-            calls: Vec::new(),
-            pending: PendingCall {
-                position: 0,
-                tool: "fx.send".into(),
-                args: Map::new(),
-                reason: "r".into(),
-            },
-            tools: Vec::new(),
-            approve: Vec::new(),
-            mac: journal.mac.clone(),
-        },
-    );
+    let state = Suspended::sign(&key, unsigned_state(journal.mac.clone()));
     assert_ne!(state.mac, journal.mac);
     state.verify(&key).unwrap();
     let mut other = journal;
@@ -226,4 +231,43 @@ fn a_key_file_is_made_private_once_and_read_back() {
         JournalKey::load_or_create(&path),
         Err(JournalError::Key(m)) if m.contains("at least 32 bytes")
     ));
+}
+
+/// Issue 37, hole 9: a key file others may read is refused, naming the fix.
+#[cfg(unix)]
+#[test]
+fn a_key_file_others_can_read_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal.key");
+    JournalKey::load_or_create(&path).unwrap();
+    for mode in [0o644, 0o640, 0o602] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        match JournalKey::load_or_create(&path) {
+            Err(JournalError::Key(m)) => {
+                assert!(m.contains(&format!("mode {mode:03o}")), "{m}");
+                assert!(m.contains("chmod 600"), "{m}");
+            }
+            other => panic!("mode {mode:o}: {other:?}"),
+        }
+    }
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
+    JournalKey::load_or_create(&path).unwrap();
+}
+
+#[test]
+fn each_suspended_state_gets_its_own_id_and_time_under_the_signature() {
+    let key = JournalKey::generate().unwrap();
+    let make = || Suspended::sign(&key, unsigned_state(String::new()));
+    let (a, b) = (make(), make());
+    assert_eq!(a.id.len(), 32);
+    assert!(a.id.bytes().all(|c| c.is_ascii_hexdigit()));
+    assert_ne!(a.id, b.id);
+    assert!(a.suspended_at > 1_700_000_000, "{}", a.suspended_at);
+    let mut older = a.clone();
+    older.suspended_at -= 3600;
+    assert_eq!(older.verify(&key), Err(JournalError::BadSignature));
+    let mut other = a;
+    other.id = b.id;
+    assert_eq!(other.verify(&key), Err(JournalError::BadSignature));
 }

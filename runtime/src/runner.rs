@@ -145,6 +145,7 @@ impl Runner {
             request.code.clone(),
             request.vars.clone(),
             request.files.clone(),
+            request.limits.clone(),
         );
         let (job, broker) = match self.job(request, None) {
             Ok(prepared) => prepared,
@@ -172,6 +173,19 @@ impl Runner {
     /// A state whose signature does not verify with the runner's key, or made with another
     /// seed, is refused as `invalid_input`.
     pub async fn resume(&self, state: Suspended, decision: Decision) -> RunResult {
+        self.resume_with(state, decision, Vec::new()).await
+    }
+
+    /// As [`resume`](Self::resume), with `replacements` serving calls in place of exposed
+    /// tools as [`RunRequest::replace_tool`] does: the narrowed tools the run had (a server
+    /// keeps them beside the state), so approving a call does not widen them. The run's
+    /// limits are the state's ([`Suspended::limits`]).
+    pub async fn resume_with(
+        &self,
+        state: Suspended,
+        decision: Decision,
+        replacements: Vec<Arc<dyn pycage_tools::Tool>>,
+    ) -> RunResult {
         let started = Instant::now();
         let backend = &self.inner.backend;
         let refuse = |message: String| {
@@ -207,9 +221,12 @@ impl Runner {
             calls,
             pending,
             approve,
+            limits,
             ..
         } = state;
         let mut request = RunRequest::new(code).vars(vars).files(files);
+        request.limits = limits;
+        request.replacements.0 = replacements;
         request.resume = Some(Resume {
             calls,
             pending,
@@ -226,7 +243,12 @@ impl Runner {
         mut result: RunResult,
         journal: &CallJournal,
         asked: bool,
-        (code, vars, files): (String, Map<String, Value>, Vec<crate::InputFile>),
+        (code, vars, files, limits): (
+            String,
+            Map<String, Value>,
+            Vec<crate::InputFile>,
+            Option<Limits>,
+        ),
     ) -> RunResult {
         let key = &self.inner.journal_key;
         let seed = self.inner.backend.deterministic_seed();
@@ -253,6 +275,8 @@ impl Runner {
         if let Some(Halt::Suspended(pending)) = halted {
             let state = Suspended {
                 version: 0,
+                id: String::new(),
+                suspended_at: 0,
                 code,
                 vars,
                 files,
@@ -267,6 +291,7 @@ impl Runner {
                     .map(str::to_owned)
                     .collect(),
                 approve: self.approval_tools(journal),
+                limits,
                 mac: String::new(),
             };
             result.suspended = Some(Suspended::sign(key, state));

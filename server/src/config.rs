@@ -23,6 +23,12 @@
 //! max_concurrent = 4
 //! queue_timeout = "5s"
 //!
+//! [suspended]         # runs waiting for approval (`[policy] approve`)
+//! ttl = "1h"
+//! max_runs = 64
+//! max_run_bytes = 4194304
+//! max_total_bytes = 67108864
+//!
 //! [[upstream]]        # code mode: another MCP server's tools as `fs.*` in the code
 //! name = "fs"
 //! command = ["npx", "-y", "@modelcontextprotocol/server-filesystem", "/srv/data"]
@@ -73,6 +79,8 @@ pub struct ServerConfig {
     pub sessions: SessionConfig,
     /// The bound on runs at once.
     pub runs: RunsConfig,
+    /// Runs suspended for approval: how many, how big, how long they wait.
+    pub suspended: crate::suspended::SuspendedConfig,
     /// The streamable HTTP listener (`pycage mcp --listen`).
     pub http: HttpConfig,
     /// Code mode: MCP servers whose tools the code may call (`[[upstream]]`).
@@ -94,6 +102,7 @@ impl Default for ServerConfig {
             maxima: None,
             sessions: SessionConfig::default(),
             runs: RunsConfig::default(),
+            suspended: crate::suspended::SuspendedConfig::default(),
             http: HttpConfig::default(),
             upstream: Vec::new(),
         }
@@ -160,24 +169,32 @@ pub struct HttpConfig {
     /// A file holding the bearer token every request must carry (`Authorization: Bearer
     /// ...`); required to listen on an address that is not loopback.
     pub token_file: Option<PathBuf>,
-    /// `Host` values accepted besides `localhost`, `127.0.0.1` and `::1` (any port), against
-    /// DNS rebinding.
+    /// `Host` values accepted besides `localhost`, `127.0.0.1` and `::1` (`pycage serve`:
+    /// `localhost` and any IP address), any port: `name` or `name:port`. Against DNS
+    /// rebinding; others get 403.
     pub allowed_hosts: Vec<String>,
     /// `Origin` values accepted besides `http://localhost:*`, `http://127.0.0.1:*` and
     /// `http://[::1]:*`; a request without an `Origin` (not from a browser) passes.
     pub allowed_origins: Vec<String>,
     /// The largest request body, in bytes (default 4 MiB); past it, 413.
     pub max_body_bytes: usize,
-    /// `pycage serve`: the longest a request body may pause between its bytes before the
-    /// request is ended (default 30 s), so a slow client cannot hold a connection.
+    /// The longest a request's whole body may take to arrive (default 30 s): past it, 408,
+    /// so a slow client cannot hold a connection by trickling bytes.
     #[serde(with = "pycage_tools::units::duration_text")]
     pub body_read_timeout: Duration,
-    /// `pycage serve`: the longest a client may take to send a request's headers, and the
-    /// longest a kept-alive connection may sit idle (default 10 s).
+    /// The longest a client may take to send a request's headers, and the longest a
+    /// kept-alive connection may sit idle (default 10 s).
     #[serde(with = "pycage_tools::units::duration_text")]
     pub header_read_timeout: Duration,
-    /// Listen beyond loopback without a token (default off): only for a network that only
-    /// trusted clients reach, such as a pod behind an authenticating proxy.
+    /// The most connections open at once (default 512): past them the server accepts no
+    /// more until one closes (they wait in the kernel's backlog).
+    pub max_connections: usize,
+    /// `pycage mcp --listen`: the most MCP sessions live at once (default 64): past them an
+    /// `initialize` gets 503 until one closes or idles out.
+    pub max_mcp_sessions: usize,
+    /// Serve without a token (default off): `pycage serve` needs a token on every address,
+    /// `pycage mcp --listen` beyond loopback. Only for a network that only trusted clients
+    /// reach, such as a pod behind an authenticating proxy.
     pub insecure_no_auth: bool,
     /// `pycage serve`: after SIGTERM, how long the runs in flight may take to finish before
     /// they are cancelled and the process exits (default 30 s).
@@ -196,6 +213,8 @@ impl Default for HttpConfig {
             shutdown_grace: Duration::from_secs(30),
             body_read_timeout: Duration::from_secs(30),
             header_read_timeout: Duration::from_secs(10),
+            max_connections: 512,
+            max_mcp_sessions: 64,
             insecure_no_auth: false,
         }
     }
@@ -368,10 +387,18 @@ impl ServerConfig {
                 )));
             }
         }
-        if self.http.max_body_bytes == 0 {
-            return Err(ConfigError::Invalid(
-                "[http] max_body_bytes must be at least 1".into(),
-            ));
+        crate::front_door::FrontDoor::new(&self.http.allowed_hosts, &self.http.allowed_origins)
+            .map_err(ConfigError::Invalid)?;
+        for (name, n) in [
+            ("max_body_bytes", self.http.max_body_bytes),
+            ("max_connections", self.http.max_connections),
+            ("max_mcp_sessions", self.http.max_mcp_sessions),
+        ] {
+            if n == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "[http] {name} must be at least 1"
+                )));
+            }
         }
         let mut names = std::collections::BTreeSet::new();
         for upstream in &self.upstream {
@@ -382,6 +409,18 @@ impl ServerConfig {
                     upstream.name
                 )));
             }
+        }
+        let suspended = &self.suspended;
+        if suspended.ttl.is_zero()
+            || suspended.max_runs == 0
+            || suspended.max_run_bytes == 0
+            || suspended.max_total_bytes < suspended.max_run_bytes
+        {
+            return Err(ConfigError::Invalid(
+                "[suspended] ttl, max_runs and max_run_bytes must be above zero, and \
+                 max_total_bytes at least max_run_bytes"
+                    .into(),
+            ));
         }
         if self.runs.max_concurrent == 0 {
             return Err(ConfigError::Invalid(

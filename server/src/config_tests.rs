@@ -244,3 +244,16 @@ fn the_net_table_reads_and_is_checked_against_the_backend_and_policy() {
         .to_string();
     assert!(e.contains("hosts"), "{e}");
 }
+
+#[test]
+fn a_malformed_allowed_host_or_origin_is_refused_naming_it() {
+    let config = ServerConfig::from_toml("[http]\nallowed_hosts = [\"a b\"]\n").unwrap();
+    let e = config.validate().unwrap_err().to_string();
+    assert!(e.contains("allowed_hosts") && e.contains("`a b`"), "{e}");
+    let config = ServerConfig::from_toml("[http]\nallowed_origins = [\"app.example\"]\n").unwrap();
+    let e = config.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("allowed_origins") && e.contains("`app.example`"),
+        "{e}"
+    );
+}

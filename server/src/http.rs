@@ -128,7 +128,7 @@ impl HttpApi {
             max_concurrent,
             draining: AtomicBool::new(false),
             metrics,
-            suspended: crate::SuspendedRuns::default(),
+            suspended: crate::SuspendedRuns::new(config.suspended.clone()),
             fetch,
         })
     }
@@ -370,7 +370,15 @@ fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     })
 }
 
-fn request(api: &HttpApi, body: RunBody) -> Result<(RunRequest, Vec<&'static str>), ApiError> {
+/// A run's request, what was clamped, and the tools that replace exposed ones for it (kept
+/// with the run if it suspends, for its resume).
+type Prepared = (
+    RunRequest,
+    Vec<&'static str>,
+    Vec<Arc<dyn pycage_tools::Tool>>,
+);
+
+fn request(api: &HttpApi, body: RunBody) -> Result<Prepared, ApiError> {
     let (limits, clamped) = api.limits(body.limits.as_ref())?;
     let mut files = Vec::with_capacity(body.files.len());
     for (path, content) in body.files {
@@ -383,11 +391,14 @@ fn request(api: &HttpApi, body: RunBody) -> Result<(RunRequest, Vec<&'static str
         .vars(body.vars)
         .files(files)
         .limits(limits);
+    let mut replacements = Vec::new();
     if let Some(hosts) = &body.net_allow {
         let narrowed = crate::sandbox::narrowed_fetch(api.fetch.as_ref(), hosts);
-        request = request.replace_tool(narrowed.map_err(ApiError::bad_input)?);
+        let narrowed = narrowed.map_err(ApiError::bad_input)?;
+        request = request.replace_tool(narrowed.clone());
+        replacements.push(narrowed);
     }
-    Ok((request, clamped))
+    Ok((request, clamped, replacements))
 }
 
 /// A run's response: a 200 with the result (ok or not), its `status` and `clamped`, or the
@@ -398,6 +409,7 @@ fn respond(
     mut result: RunResult,
     clamped: &[&'static str],
     session: Option<&SessionId>,
+    replacements: Vec<Arc<dyn pycage_tools::Tool>>,
 ) -> Response {
     if let Some(error) = &result.error
         && is_refusal(error.kind)
@@ -413,11 +425,24 @@ fn respond(
     body.insert("status".into(), json!(status));
     if let Some(state) = suspended {
         body.insert("pending".into(), json!(state.pending));
-        match api.suspended.keep(state) {
+        let run = crate::suspended::SuspendedRun {
+            state,
+            replacements,
+        };
+        match api.suspended.keep(run) {
             Ok(id) => {
                 body.insert("run_id".into(), json!(id));
             }
-            Err(error) => return ApiError::of_run(&error).into_response(),
+            Err(error) if error.kind == ErrorKind::Busy => {
+                return ApiError::of_run(&error).into_response();
+            }
+            // Too big to keep: the run's own outcome, like any other limit it hit.
+            Err(error) => {
+                body.insert("ok".into(), json!(false));
+                body.insert("status".into(), json!("failed"));
+                body.remove("pending");
+                body.insert("error".into(), json!(error));
+            }
         }
     }
     body.insert("clamped".into(), json!(clamped));
@@ -460,6 +485,8 @@ fn is_refusal(kind: ErrorKind) -> bool {
         (status = 200, description = "the run's result, ok or not", body = openapi::RunResult),
         (status = 400, description = "bad input", body = openapi::ErrorBody),
         (status = 401, description = "no or wrong bearer token", body = openapi::ErrorBody),
+        (status = 403, description = "a foreign Host or Origin", body = openapi::ErrorBody),
+        (status = 408, description = "the body did not arrive in time", body = openapi::ErrorBody),
         (status = 404, description = "no such session", body = openapi::ErrorBody),
         (status = 413, description = "body too large", body = openapi::ErrorBody),
         (status = 422, description = "invalid limits", body = openapi::ErrorBody),
@@ -479,11 +506,11 @@ async fn run(
             .to_owned();
         return in_session(&api, &id, parsed).await;
     }
-    let (request, clamped) = request(&api, body(parsed)?)?;
+    let (request, clamped, replacements) = request(&api, body(parsed)?)?;
     let _permits = api.admit().await?;
     let result = api.runner.run_request(request).await;
     api.record(&result);
-    Ok(respond(&api, result, &clamped, None))
+    Ok(respond(&api, result, &clamped, None, replacements))
 }
 
 /// The body of `POST /v1/runs/{id}/resume`.
@@ -504,6 +531,8 @@ struct ResumeBody {
         (status = 200, description = "the resumed run's result (it may be suspended again, under a new run_id)", body = openapi::RunResult),
         (status = 400, description = "bad decision", body = openapi::ErrorBody),
         (status = 401, description = "no or wrong bearer token", body = openapi::ErrorBody),
+        (status = 403, description = "a foreign Host or Origin", body = openapi::ErrorBody),
+        (status = 408, description = "the body did not arrive in time", body = openapi::ErrorBody),
         (status = 404, description = "no suspended run has that id", body = openapi::ErrorBody),
         (status = 429, description = "busy; see Retry-After", body = openapi::ErrorBody),
         (status = 503, description = "draining", body = openapi::ErrorBody),
@@ -517,7 +546,7 @@ async fn resume(
     let body = body(parsed)?;
     let decision = crate::suspended::decision(Some(&body.decision), body.answer.as_ref())
         .map_err(|e| ApiError::of_run(&e))?;
-    let state = api.suspended.take(&id).ok_or_else(|| {
+    let run = api.suspended.take(&id).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -528,13 +557,17 @@ async fn resume(
     let _permits = match api.admit().await {
         Ok(permits) => permits,
         Err(refused) => {
-            api.suspended.put_back(id, state);
+            api.suspended.put_back(id, run);
             return Err(refused);
         }
     };
-    let result = api.runner.resume(state, decision).await;
+    let replacements = run.replacements.clone();
+    let result = api
+        .runner
+        .resume_with(run.state, decision, run.replacements)
+        .await;
     api.record(&result);
-    Ok(respond(&api, result, &[], None))
+    Ok(respond(&api, result, &[], None, replacements))
 }
 
 #[utoipa::path(
@@ -627,11 +660,11 @@ async fn in_session(
     parsed: Result<Json<RunBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let (id, _) = session_id(api, id)?;
-    let (request, clamped) = request(api, body(parsed)?)?;
+    let (request, clamped, replacements) = request(api, body(parsed)?)?;
     let _permits = api.admit().await?;
     let result = api.sessions()?.run(&id, request).await;
     api.record(&result);
-    Ok(respond(api, result, &clamped, Some(&id)))
+    Ok(respond(api, result, &clamped, Some(&id), replacements))
 }
 
 #[utoipa::path(
@@ -761,13 +794,37 @@ async fn count_rejections(
     response
 }
 
+/// Turns away a request whose `Host` or `Origin` the server does not answer to (see
+/// [`front_door`](crate::front_door)), before anything else reads it.
+async fn front_door(
+    State(door): State<Arc<crate::front_door::FrontDoor>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use crate::front_door::Refused;
+    match door.admit(request.uri(), request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(refused) => {
+            let (status, kind) = match &refused {
+                Refused::BadHost(_) => (StatusCode::BAD_REQUEST, "bad_host"),
+                Refused::Host(_) => (StatusCode::FORBIDDEN, "forbidden_host"),
+                Refused::Origin(_) => (StatusCode::FORBIDDEN, "forbidden_origin"),
+            };
+            ApiError::new(status, kind, refused.message()).into_response()
+        }
+    }
+}
+
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
 }
 
-/// The API's routes over `api`, with request bodies capped at `config.max_body_bytes` (and
-/// ended when they pause longer than `config.body_read_timeout`) and, when `token` is given, every request but `/healthz`, `/readyz` and `/metrics` required to carry
-/// it as a bearer token (a scraper inside the cluster reads the metrics without it).
+/// The API's routes over `api`: every request's `Host` and `Origin` checked (`localhost`,
+/// an IP address or one of `config.allowed_hosts`; no `Origin`, a loopback one or one of
+/// `config.allowed_origins`; 403 otherwise, against DNS rebinding and cross-site requests), its body read whole within
+/// `config.body_read_timeout` and at most `config.max_body_bytes` (408, 413), and, when
+/// `token` is given, every request but `/healthz`, `/readyz` and `/metrics` required to
+/// carry it as a bearer token (a scraper inside the cluster reads the metrics without it).
 pub fn router(api: Arc<HttpApi>, config: &crate::HttpConfig, token: Option<String>) -> Router {
     let v1 = Router::new()
         .route("/v1/runs", post(run))
@@ -788,20 +845,37 @@ pub fn router(api: Arc<HttpApi>, config: &crate::HttpConfig, token: Option<Strin
         )),
         None => v1,
     };
-    let v1 = v1.layer(axum::middleware::from_fn_with_state(
-        api.clone(),
-        count_rejections,
-    ));
+    let door = crate::front_door::FrontDoor::new(&config.allowed_hosts, &config.allowed_origins)
+        .unwrap_or_else(|why| {
+            // `ServerConfig::validate` refuses this before a server starts; a host that built
+            // the config itself gets the door without its extra entries (fail closed).
+            tracing::error!("{why}: accepting loopback and IP-address hosts only");
+            crate::front_door::FrontDoor::default()
+        });
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(v1)
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
-        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-            config.body_read_timeout,
+        .layer(axum::middleware::from_fn_with_state(
+            crate::listener::BodyLimits::of(config, api_refusal),
+            crate::listener::body_deadline,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(door),
+            front_door,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            count_rejections,
         ))
         .with_state(api)
+}
+
+/// A refusal of the request body as this API's JSON error.
+fn api_refusal((status, kind, message): crate::listener::BodyRefusal) -> Response {
+    ApiError::new(status, kind, message).into_response()
 }
 
 /// Serves the API on `listener` until `stop` completes; then it drains: the listener closes
@@ -809,9 +883,9 @@ pub fn router(api: Arc<HttpApi>, config: &crate::HttpConfig, token: Option<Strin
 /// may finish for up to `config.shutdown_grace`. Those still running then are cancelled
 /// (their clients' connections close), and this returns.
 ///
-/// Each connection is served by hyper with a timer, so a client must send a request's headers
-/// within `config.header_read_timeout` (and an idle kept-alive connection is closed after it);
-/// a request body that pauses longer than `config.body_read_timeout` is ended (see
+/// A client must send a request's headers within `config.header_read_timeout` (an idle
+/// kept-alive connection is closed after it) and its whole body within
+/// `config.body_read_timeout`; at most `config.max_connections` are open at once (see
 /// [`router`]).
 ///
 /// # Errors
@@ -824,66 +898,6 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioIo, TokioTimer};
-    use tower::ServiceExt as _;
-
     let app = router(api.clone(), config, token);
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(config.header_read_timeout);
-    let builder = Arc::new(builder);
-    let (shutdown, on_shutdown) = tokio::sync::watch::channel(false);
-    let mut connections = tokio::task::JoinSet::new();
-    let mut stop = std::pin::pin!(stop);
-    loop {
-        tokio::select! {
-            () = &mut stop => break,
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        // Out of file descriptors, or a connection reset before it was taken:
-                        // wait a moment (so a full table does not spin), then go on.
-                        tracing::warn!(error = %e, "pycage serve: accepting a connection failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let service = hyper::service::service_fn({
-                    let app = app.clone();
-                    move |request: axum::http::Request<hyper::body::Incoming>| {
-                        app.clone().oneshot(request.map(axum::body::Body::new))
-                    }
-                });
-                let builder = builder.clone();
-                let mut on_shutdown = on_shutdown.clone();
-                connections.spawn(async move {
-                    let connection = builder.serve_connection(TokioIo::new(stream), service);
-                    let mut connection = std::pin::pin!(connection);
-                    tokio::select! {
-                        _ = connection.as_mut() => return,
-                        _ = on_shutdown.changed() => connection.as_mut().graceful_shutdown(),
-                    }
-                    let _ = connection.await;
-                });
-            }
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-    drop(listener);
-    api.drain();
-    let _ = shutdown.send(true);
-    let grace = config.shutdown_grace;
-    let drained = tokio::time::timeout(grace, async {
-        while connections.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        tracing::warn!(
-            "the shutdown grace of {grace:?} is over: cancelling the runs still in flight"
-        );
-        connections.shutdown().await;
-    }
-    Ok(())
+    crate::listener::serve(app, listener, config, stop, || api.drain()).await
 }

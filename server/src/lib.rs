@@ -8,7 +8,9 @@
 
 pub mod clamp;
 pub mod config;
+mod front_door;
 pub mod http;
+mod listener;
 pub mod mcp;
 pub mod python;
 mod sandbox;

@@ -159,7 +159,7 @@ impl PythonTool {
             text,
             input_schema,
             output_schema: schema::run_output(),
-            suspended: crate::SuspendedRuns::default(),
+            suspended: crate::SuspendedRuns::new(config.suspended.clone()),
             fetch,
         })
     }
@@ -250,6 +250,7 @@ impl PythonTool {
                 result,
                 call.session.as_ref().map(|(id, _)| id),
                 &call.clamped,
+                call.replacements,
             ),
             Err(error) => self.failed(&error),
         }
@@ -280,7 +281,7 @@ impl PythonTool {
             Ok(parsed) => parsed,
             Err(error) => return self.failed(&error),
         };
-        let Some(state) = self.suspended.take(&id) else {
+        let Some(run) = self.suspended.take(&id) else {
             return self.failed(&invalid(
                 "no suspended run has that `run_id` (it was resumed, expired or never existed)"
                     .into(),
@@ -290,12 +291,16 @@ impl PythonTool {
             Ok(slot) => slot,
             Err(busy) => {
                 // Nothing ran: the run waits on, for a later resume.
-                self.suspended.put_back(id, state);
+                self.suspended.put_back(id, run);
                 return self.failed(&busy);
             }
         };
-        let result = self.runner.resume(state, decision).await;
-        self.render(result, None, &[])
+        let replacements = run.replacements.clone();
+        let result = self
+            .runner
+            .resume_with(run.state, decision, run.replacements)
+            .await;
+        self.render(result, None, &[], replacements)
     }
 
     /// A result as `run_python` renders it; a suspended one is kept for `resume_run`, and its
@@ -305,13 +310,18 @@ impl PythonTool {
         mut result: RunResult,
         session: Option<&SessionId>,
         clamped: &[Clamped],
+        replacements: Vec<Arc<dyn pycage_tools::Tool>>,
     ) -> ToolOutput {
         result.journal = None;
         let Some(state) = result.suspended.take() else {
             return render(result, session, clamped, None);
         };
         let pending = state.pending.clone();
-        match self.suspended.keep(state) {
+        let run = crate::suspended::SuspendedRun {
+            state,
+            replacements,
+        };
+        match self.suspended.keep(run) {
             Ok(id) => render(result, session, clamped, Some((id, pending))),
             Err(error) => self.failed(&error),
         }
@@ -443,15 +453,19 @@ impl PythonTool {
         if let Some(files) = encoded {
             request = request.files(decode_files(&files)?);
         }
+        let mut replacements = Vec::new();
         if let Some(hosts) = net_allow {
             let narrowed = crate::sandbox::narrowed_fetch(self.fetch.as_ref(), &hosts);
-            request = request.replace_tool(narrowed.map_err(invalid)?);
+            let narrowed = narrowed.map_err(invalid)?;
+            request = request.replace_tool(narrowed.clone());
+            replacements.push(narrowed);
         }
         let (limits, clamped) = clamp::apply(self.runner.limits(), &self.maxima, asked.as_ref())?;
         Ok(Call {
             request: request.limits(limits),
             session,
             clamped,
+            replacements,
         })
     }
 }
@@ -461,6 +475,8 @@ struct Call {
     request: RunRequest,
     session: Option<(SessionId, Arc<SessionManager>)>,
     clamped: Vec<Clamped>,
+    /// The tools that replace exposed ones for this run (kept with it if it suspends).
+    replacements: Vec<Arc<dyn pycage_tools::Tool>>,
 }
 
 fn render(

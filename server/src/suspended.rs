@@ -2,85 +2,169 @@
 //! client resumes them (`POST /v1/runs/{id}/resume`, MCP `resume_run`) or they expire.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pycage::{Decision, ErrorKind, RunError, Suspended};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// How long a suspended run waits for its decision by default.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// How many suspended runs a server keeps, how big, and for how long (`[suspended]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SuspendedConfig {
+    /// How long a suspended run waits for its decision (default 1 h).
+    #[serde(with = "pycage_tools::units::duration_text")]
+    pub ttl: Duration,
+    /// The most suspended runs kept at once (default 64).
+    pub max_runs: usize,
+    /// The largest state one run may leave (its code, inputs, and every call's arguments and
+    /// result so far), in bytes (default 4 MiB): a run past it fails as `tool_call_limit`.
+    pub max_run_bytes: usize,
+    /// The most bytes all kept runs may hold together (default 64 MiB): past it a run that
+    /// stops for approval is refused as `busy`.
+    pub max_total_bytes: usize,
+}
 
-/// The most suspended runs a server keeps by default.
-pub const DEFAULT_MAX: usize = 256;
+impl Default for SuspendedConfig {
+    fn default() -> Self {
+        SuspendedConfig {
+            ttl: Duration::from_secs(60 * 60),
+            max_runs: 64,
+            max_run_bytes: 4 << 20,
+            max_total_bytes: 64 << 20,
+        }
+    }
+}
+
+/// A run suspended at a call that waits for approval, with what it ran with beyond its
+/// signed state: the tools that served it in place of exposed ones (`net_allow`'s narrowed
+/// `net.fetch`), so its resume is no wider than the run.
+#[derive(Clone)]
+pub struct SuspendedRun {
+    /// The signed state (its limits are in it).
+    pub state: Suspended,
+    /// The run's replacement tools ([`pycage::RunRequest::replace_tool`]).
+    pub replacements: Vec<Arc<dyn pycage_tools::Tool>>,
+}
+
+impl std::fmt::Debug for SuspendedRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tools: Vec<String> = self
+            .replacements
+            .iter()
+            .map(|t| format!("{}.{}", t.namespace(), t.name()))
+            .collect();
+        f.debug_struct("SuspendedRun")
+            .field("state", &self.state)
+            .field("replacements", &tools)
+            .finish()
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    expires: Instant,
+    bytes: usize,
+    run: SuspendedRun,
+}
 
 /// The suspended runs of one server, by run id. Each is resumed at most once: taking it
-/// removes it, so two clients resuming one run cannot both run its approved call.
+/// removes it, so two clients resuming one run cannot both run its approved call. Bounded
+/// in count, in bytes per run and in bytes in all ([`SuspendedConfig`]).
 #[derive(Debug)]
 pub struct SuspendedRuns {
-    runs: Mutex<HashMap<String, (Instant, Suspended)>>,
-    ttl: Duration,
-    max: usize,
+    runs: Mutex<HashMap<String, Entry>>,
+    config: SuspendedConfig,
 }
 
 impl Default for SuspendedRuns {
     fn default() -> Self {
-        Self::new(DEFAULT_TTL, DEFAULT_MAX)
+        Self::new(SuspendedConfig::default())
     }
 }
 
 impl SuspendedRuns {
-    /// A store keeping at most `max` runs, each for `ttl`.
-    pub fn new(ttl: Duration, max: usize) -> Self {
+    /// A store bounded by `config`.
+    pub fn new(config: SuspendedConfig) -> Self {
         SuspendedRuns {
             runs: Mutex::new(HashMap::new()),
-            ttl,
-            max,
+            config,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, Suspended)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         self.runs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keeps `state` and gives its run id.
+    /// Keeps `run` and gives its run id.
     ///
     /// # Errors
     ///
-    /// `busy` when the store holds as many live runs as it may (expired ones are dropped
-    /// first); `backend_error` when no id can be made.
-    pub fn keep(&self, state: Suspended) -> Result<String, RunError> {
+    /// `tool_call_limit` when the run's state is larger than a run may keep; `busy` when
+    /// the store holds as many live runs, or as many bytes, as it may (expired ones are
+    /// dropped first); `backend_error` when no id can be made.
+    pub fn keep(&self, run: SuspendedRun) -> Result<String, RunError> {
+        // The state's size as JSON: what it holds of the calls' arguments and results.
+        let bytes = serde_json::to_vec(&run.state).map_or(usize::MAX, |v| v.len());
+        let limits = &self.config;
+        if bytes > limits.max_run_bytes {
+            return Err(RunError::new(
+                ErrorKind::ToolCallLimit,
+                format!(
+                    "the run stopped for approval, but its state ({bytes} bytes: its code, \
+                     inputs and the calls so far) is over the {} bytes a server keeps for one \
+                     run; keep the calls before an approved one smaller",
+                    limits.max_run_bytes
+                ),
+            ));
+        }
         let mut runs = self.lock();
         let now = Instant::now();
-        runs.retain(|_, (expires, _)| *expires > now);
-        if runs.len() >= self.max {
+        runs.retain(|_, entry| entry.expires > now);
+        let held: usize = runs.values().map(|e| e.bytes).sum();
+        if runs.len() >= limits.max_runs || held.saturating_add(bytes) > limits.max_total_bytes {
             return Err(RunError::new(
                 ErrorKind::Busy,
                 format!(
                     "the run stopped for approval, but the server already keeps {} suspended \
-                     runs; resume or let some expire, then run it again",
-                    self.max
+                     runs ({held} bytes; it keeps at most {} runs, {} bytes); resume or let \
+                     some expire, then run it again",
+                    runs.len(),
+                    limits.max_runs,
+                    limits.max_total_bytes
                 ),
             ));
         }
         let id = new_id()?;
-        runs.insert(id.clone(), (now + self.ttl, state));
+        let entry = Entry {
+            expires: now + limits.ttl,
+            bytes,
+            run,
+        };
+        runs.insert(id.clone(), entry);
         Ok(id)
     }
 
     /// Takes the run `id` out of the store, to resume it; `None` when no live suspended run
     /// has that id (it was resumed, expired or never existed).
-    pub fn take(&self, id: &str) -> Option<Suspended> {
+    pub fn take(&self, id: &str) -> Option<SuspendedRun> {
         let mut runs = self.lock();
         match runs.remove(id) {
-            Some((expires, state)) if expires > Instant::now() => Some(state),
+            Some(entry) if entry.expires > Instant::now() => Some(entry.run),
             _ => None,
         }
     }
 
     /// Puts a taken run back, when its resume was refused before anything ran (busy, say).
-    pub fn put_back(&self, id: String, state: Suspended) {
-        self.lock().insert(id, (Instant::now() + self.ttl, state));
+    pub fn put_back(&self, id: String, run: SuspendedRun) {
+        let bytes = serde_json::to_vec(&run.state).map_or(0, |v| v.len());
+        let entry = Entry {
+            expires: Instant::now() + self.config.ttl,
+            bytes,
+            run,
+        };
+        self.lock().insert(id, entry);
     }
 
     /// How many runs wait now (expired ones included until the next `keep`).
@@ -95,7 +179,7 @@ impl SuspendedRuns {
 
     /// How long a run waits for its decision.
     pub fn ttl(&self) -> Duration {
-        self.ttl
+        self.config.ttl
     }
 }
 
@@ -160,19 +244,58 @@ mod tests {
         .unwrap()
     }
 
+    fn run(code_bytes: usize) -> SuspendedRun {
+        let mut state = state();
+        state.code = "x".repeat(code_bytes);
+        SuspendedRun {
+            state,
+            replacements: Vec::new(),
+        }
+    }
+
+    fn config(max_runs: usize, max_run_bytes: usize, max_total_bytes: usize) -> SuspendedConfig {
+        SuspendedConfig {
+            ttl: Duration::from_secs(60),
+            max_runs,
+            max_run_bytes,
+            max_total_bytes,
+        }
+    }
+
     #[test]
     fn a_kept_run_is_taken_once_and_the_store_is_bounded() {
-        let store = SuspendedRuns::new(Duration::from_secs(60), 2);
-        let a = store.keep(state()).unwrap();
-        let b = store.keep(state()).unwrap();
+        let store = SuspendedRuns::new(config(2, 1 << 20, 1 << 20));
+        let a = store.keep(run(1)).unwrap();
+        let b = store.keep(run(1)).unwrap();
         assert_ne!(a, b);
-        assert_eq!(store.keep(state()).unwrap_err().kind, ErrorKind::Busy);
+        assert_eq!(store.keep(run(1)).unwrap_err().kind, ErrorKind::Busy);
         assert!(store.take(&a).is_some());
         assert!(store.take(&a).is_none(), "taken once");
-        store.keep(state()).unwrap();
-        let expired = SuspendedRuns::new(Duration::ZERO, 2);
-        let id = expired.keep(state()).unwrap();
+        store.keep(run(1)).unwrap();
+        let expired = SuspendedRuns::new(SuspendedConfig {
+            ttl: Duration::ZERO,
+            ..config(2, 1 << 20, 1 << 20)
+        });
+        let id = expired.keep(run(1)).unwrap();
         assert!(expired.take(&id).is_none(), "an expired run is gone");
+    }
+
+    /// Issue 37, hole 3: bytes are bounded per run and in all, not only runs.
+    #[test]
+    fn a_run_too_big_to_keep_is_a_tool_call_limit_and_the_total_is_bounded() {
+        let store = SuspendedRuns::new(config(100, 10_000, 25_000));
+        // At the bound per run, and one byte past it.
+        let base = serde_json::to_vec(&run(0).state).unwrap().len();
+        let at = store.keep(run(10_000 - base)).unwrap();
+        let over = store.keep(run(10_001 - base)).unwrap_err();
+        assert_eq!(over.kind, ErrorKind::ToolCallLimit, "{}", over.message);
+        assert!(over.message.contains("10000 bytes"), "{}", over.message);
+        // 10,000 + 10,000 fit in 25,000; a third does not, until one is taken.
+        store.keep(run(10_000 - base)).unwrap();
+        let full = store.keep(run(10_000 - base)).unwrap_err();
+        assert_eq!(full.kind, ErrorKind::Busy, "{}", full.message);
+        assert!(store.take(&at).is_some());
+        store.keep(run(10_000 - base)).unwrap();
     }
 
     #[test]

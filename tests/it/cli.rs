@@ -799,22 +799,52 @@ fn an_approved_call_resumes_in_a_new_process_as_if_the_run_had_never_stopped() {
         "--suspend-out holds the result's state"
     );
 
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(state).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the state holds the calls' arguments");
+    }
+    let forged = std::fs::read_to_string(state)
+        .unwrap()
+        .replace("total", "TOTAL");
+
     let resumed = with(&["resume", state, "--approve"]);
     assert_eq!(code(&resumed), 0, "{}", stderr(&resumed));
     let resumed = json_result(&resumed);
     for key in ["value", "stdout", "fuel_consumed", "tool_calls"] {
         assert_eq!(resumed[key], uninterrupted[key], "{key}: {resumed}");
     }
+    // Issue 37, hole 9: a state resumes once; the same file again is refused.
+    let again = with(&["resume", state, "--approve"]);
+    assert_eq!(code(&again), 2, "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("resumed before"),
+        "{}",
+        stderr(&again)
+    );
+    // And a fresh state past --max-age is refused.
+    let suspend = || {
+        let stopped = with(&["run", program, "--approve", "echo", "--suspend-out", state]);
+        assert_eq!(code(&stopped), 4, "{}", stderr(&stopped));
+    };
+    suspend();
+    std::thread::sleep(std::time::Duration::from_millis(2100));
+    let expired = with(&["resume", state, "--approve", "--max-age", "1s"]);
+    assert_eq!(code(&expired), 2, "{}", stderr(&expired));
+    assert!(
+        stderr(&expired).contains("past --max-age 1s"),
+        "{}",
+        stderr(&expired)
+    );
 
     let denied = json_result(&with(&["resume", state, "--deny"]));
     assert_eq!(denied["value"], json!({"refused": "denied"}), "{denied}");
+    suspend();
     let answered = json_result(&with(&["resume", state, "--answer", r#""by hand""#]));
     assert_eq!(answered["value"], "by hand", "{answered}");
 
     // A state changed by hand is refused before anything runs.
-    let forged = std::fs::read_to_string(state)
-        .unwrap()
-        .replace("total", "TOTAL");
     let forged_path = write_temp("send-forged.json", forged.as_bytes());
     let refused = with(&["resume", forged_path.to_str().unwrap(), "--approve"]);
     assert_eq!(code(&refused), 2, "{}", stderr(&refused));

@@ -349,8 +349,11 @@ async fn pycage_mcp_serves_a_guest_file_and_its_description_names_the_packages()
     let dir = tempfile::tempdir().unwrap();
     let foreign = dir.path().join("foreign.wasm");
     std::fs::write(&foreign, b"\0asm\x01\x00\x00\x00").unwrap();
-    for command in ["mcp", "serve"] {
-        let out = pycage(&[command, "--guest", foreign.to_str().unwrap()], dir.path());
+    for command in [&["mcp"][..], &["serve", "--insecure-no-auth"]] {
+        let mut args = command.to_vec();
+        args.extend(["--guest", foreign.to_str().unwrap()]);
+        let out = pycage(&args, dir.path());
+        let command = command[0];
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
         assert!(stderr.contains("not a pycage guest"), "{command}: {stderr}");

@@ -9,8 +9,18 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-/// Kills the server when the test ends, however it ends.
-struct Server(Child);
+/// The bearer token the tests' servers are started with; [`client`] sends it.
+const TOKEN: &str = "serve-cli-test-token";
+
+/// Kills the server when the test ends, however it ends (and then removes its token file).
+struct Server(
+    Child,
+    #[expect(
+        dead_code,
+        reason = "held, not read: the token file lives as long as the server"
+    )]
+    Option<tempfile::TempDir>,
+);
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -25,9 +35,14 @@ fn start(args: &[&str]) -> (Server, String) {
 }
 
 /// As [`start`], with `command` (the pycage executable, its environment set) to start from.
+/// The server needs [`TOKEN`].
 fn start_command(mut command: Command, args: &[&str]) -> (Server, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
     let mut child = command
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--token-file"])
+        .arg(&token)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -47,7 +62,7 @@ fn start_command(mut command: Command, args: &[&str]) -> (Server, String) {
     };
     // Keep reading stderr so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    (Server(child), base)
+    (Server(child, Some(dir)), base)
 }
 
 /// Sends the server SIGTERM.
@@ -103,16 +118,98 @@ async fn pycage_serve_runs_code_and_drains_on_sigterm() {
     );
 }
 
-#[test]
-fn pycage_serve_will_not_listen_beyond_loopback_without_a_token() {
+/// `pycage serve --listen ADDR` without a token: it must exit 2 at once; its stderr.
+fn refused_without_a_token(addr: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_pycage"))
-        .args(["serve", "--listen", "0.0.0.0:0"])
+        .args(["serve", "--listen", addr])
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    stderr
+}
+
+#[test]
+fn pycage_serve_will_not_listen_beyond_loopback_without_a_token() {
+    let stderr = refused_without_a_token("0.0.0.0:0");
     assert!(stderr.contains("token_file"), "{stderr}");
+}
+
+/// Issue 37, hole 1: on loopback too, no token and no opt-out is no server, and the message
+/// says how to make a token.
+#[test]
+fn pycage_serve_on_loopback_without_a_token_refuses_to_start_and_says_how_to_set_one() {
+    let stderr = refused_without_a_token("127.0.0.1:0");
+    for said in [
+        "even on loopback",
+        "--token-file token",
+        "/dev/urandom",
+        "--insecure-no-auth",
+    ] {
+        assert!(stderr.contains(said), "{said:?} not in {stderr}");
+    }
+    assert!(!stderr.contains("serving the HTTP API"), "{stderr}");
+}
+
+/// Issue 37, hole 1, end to end: the server a web page would reach by DNS rebinding (a
+/// foreign `Host`) or by a cross-site request (a foreign `Origin`) answers 403 and runs
+/// nothing, on a run, a session and a health route alike; the same requests from a loopback
+/// page, with the token, pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pycage_serve_turns_away_a_foreign_host_or_origin() {
+    let (_server, base) = start(&[]);
+    let port = base.rsplit(':').next().unwrap().to_owned();
+    let client = client();
+    let foreign_host = format!("attacker.example:{port}");
+    let foreign_origin = format!("http://attacker.example:{port}");
+    for (host, origin) in [
+        (foreign_host.as_str(), None),
+        (foreign_host.as_str(), Some(foreign_origin.as_str())),
+        ("localhost", Some(foreign_origin.as_str())),
+    ] {
+        for (method, path) in [
+            (reqwest::Method::POST, "/v1/runs"),
+            (reqwest::Method::POST, "/v1/sessions"),
+            (reqwest::Method::GET, "/healthz"),
+        ] {
+            let mut request = client
+                .request(method.clone(), format!("{base}{path}"))
+                .header(reqwest::header::HOST, host);
+            if let Some(origin) = origin {
+                request = request.header(reqwest::header::ORIGIN, origin);
+            }
+            if path == "/v1/runs" {
+                request = request.json(&json!({"code": "return 1"}));
+            }
+            let r = request.send().await.unwrap();
+            assert_eq!(
+                r.status(),
+                403,
+                "{method} {path} Host {host} Origin {origin:?}"
+            );
+            let body: Value = r.json().await.unwrap();
+            let kind = body["error"]["kind"].as_str().unwrap();
+            assert!(kind.starts_with("forbidden_"), "{body}");
+        }
+    }
+    let metrics = text_of(client.get(format!("{base}/metrics"))).await;
+    assert!(
+        !metrics.contains("pycage_runs_total{"),
+        "a refused request ran: {metrics}"
+    );
+    assert!(metrics.contains("pycage_sessions_live 0"), "{metrics}");
+    // A page on this machine, with the token, is served.
+    let r = client
+        .post(format!("{base}/v1/runs"))
+        .header(reqwest::header::ORIGIN, "http://localhost:3000")
+        .json(&json!({"code": "return 1"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r: Value = r.json().await.unwrap();
+    assert_eq!(r["value"], json!(1), "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,7 +280,7 @@ async fn insecure_no_auth_serves_beyond_loopback_without_a_token_and_says_so() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let _server = Server(child);
+    let _server = Server(child, None);
     let mut warned = false;
     let port = loop {
         let line = lines
@@ -250,15 +347,12 @@ async fn the_config_net_table_exposes_fetch_with_its_secret() {
         "r = fetch_sync('http://127.0.0.1:{port}/auth', \
          headers={{'Authorization': 'Bearer PYCAGE_SECRET_TOKEN'}})\nreturn r['body']"
     );
-    let text = client()
-        .post(format!("{base}/v1/runs"))
-        .json(&json!({ "code": code }))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = text_of(
+        client()
+            .post(format!("{base}/v1/runs"))
+            .json(&json!({ "code": code })),
+    )
+    .await;
     let r: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(
         r["value"],
@@ -290,6 +384,11 @@ async fn the_config_net_table_exposes_fetch_with_its_secret() {
     );
 }
 
+/// The text of the response to `request`.
+async fn text_of(request: reqwest::RequestBuilder) -> String {
+    request.send().await.unwrap().text().await.unwrap()
+}
+
 /// `body` posted to `{base}/v1/runs`; the response's JSON.
 async fn post_run(base: &str, body: Value) -> Value {
     client()
@@ -303,9 +402,19 @@ async fn post_run(base: &str, body: Value) -> Value {
         .unwrap()
 }
 
-/// A reqwest client; the process's TLS provider installed first (the workspace's reqwest has
-/// `rustls-no-provider`, see `pycage_tools::net::install_crypto_provider`).
+/// A reqwest client that sends [`TOKEN`]; the process's TLS provider installed first (the
+/// workspace's reqwest has `rustls-no-provider`, see
+/// `pycage_tools::net::install_crypto_provider`).
 fn client() -> reqwest::Client {
     pycage_tools::net::install_crypto_provider();
-    reqwest::Client::new()
+    let mut headers = reqwest::header::HeaderMap::new();
+    let bearer = format!("Bearer {TOKEN}");
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        reqwest::header::HeaderValue::from_str(&bearer).unwrap(),
+    );
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap()
 }

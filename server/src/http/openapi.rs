@@ -214,7 +214,13 @@ pub(super) struct DescriptionBody {
 #[openapi(
     info(
         title = "pycage",
-        description = "Untrusted Python in a sandbox, over HTTP."
+        description = "Untrusted Python in a sandbox, over HTTP.\n\nEvery /v1/ request carries \
+`Authorization: Bearer <token>` (401 otherwise; `pycage serve` starts only with a token, or \
+with `--insecure-no-auth`). On every route, a `Host` that is not `localhost`, an IP address or \
+one of `[http] allowed_hosts` gets 403 `forbidden_host`, and a browser `Origin` that is not a \
+loopback one or one of `[http] allowed_origins` 403 `forbidden_origin` (against DNS rebinding \
+and cross-site requests). A body must arrive whole within `[http] body_read_timeout` (408 \
+`body_timeout`) and be at most `[http] max_body_bytes` (413 `body_too_large`)."
     ),
     paths(
         super::run,

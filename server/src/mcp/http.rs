@@ -5,7 +5,13 @@
 //! * `Host` must be `localhost`, `127.0.0.1`, `::1` or one of
 //!   [`HttpConfig::allowed_hosts`], and a browser's `Origin` a loopback one or one of
 //!   [`HttpConfig::allowed_origins`] (DNS-rebinding protection; rmcp's checks, 403);
-//! * a body past [`HttpConfig::max_body_bytes`] is refused (rmcp's cap, 413);
+//! * a body past [`HttpConfig::max_body_bytes`] is refused (413), and one that takes longer
+//!   than [`HttpConfig::body_read_timeout`] in all (408); a client must send its headers
+//!   within [`HttpConfig::header_read_timeout`], and at most [`HttpConfig::max_connections`]
+//!   connections are open at once;
+//! * at most [`HttpConfig::max_mcp_sessions`] MCP sessions live at once: past them an
+//!   `initialize` gets 503 with `Retry-After` (a session idle for rmcp's keep-alive, 5
+//!   minutes, is closed);
 //! * with a token ([`HttpConfig::token_file`]) every request must carry `Authorization:
 //!   Bearer <token>`, compared in constant time (401 otherwise). Listening on an address that
 //!   is not loopback without a token is refused before anything listens
@@ -66,12 +72,19 @@ pub fn router(
         .with_max_request_body_bytes(config.max_body_bytes)
         .with_cancellation_token(shutdown);
     let server = McpServer::new(tool);
-    let service = StreamableHttpService::new(
-        move || Ok(server.clone()),
-        Arc::new(LocalSessionManager::default()),
-        transport,
-    );
-    let app = axum::Router::new().nest_service(MCP_PATH, service);
+    let sessions = Arc::new(LocalSessionManager::default());
+    let service =
+        StreamableHttpService::new(move || Ok(server.clone()), sessions.clone(), transport);
+    let app = axum::Router::new()
+        .nest_service(MCP_PATH, service)
+        .layer(middleware::from_fn_with_state(
+            (sessions, config.max_mcp_sessions),
+            cap_sessions,
+        ))
+        .layer(middleware::from_fn_with_state(
+            crate::listener::BodyLimits::of(config, crate::listener::plain_refusal),
+            crate::listener::body_deadline,
+        ));
     match token {
         Some(token) => app.layer(middleware::from_fn_with_state(
             Arc::new(token),
@@ -79,6 +92,29 @@ pub fn router(
         )),
         None => app,
     }
+}
+
+/// Refuses a request that would open an MCP session (one without `Mcp-Session-Id`) while
+/// `max` are live.
+async fn cap_sessions(
+    State((sessions, max)): State<(Arc<LocalSessionManager>, usize)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let opens = request.method() == axum::http::Method::POST
+        && !request.headers().contains_key("mcp-session-id");
+    if opens && sessions.sessions.read().await.len() >= max {
+        let mut response = (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("this server holds its most MCP sessions ({max}); retry when one closes"),
+        )
+            .into_response();
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        return response;
+    }
+    next.run(request).await
 }
 
 /// Serves `tool` on `listener` until `shutdown` is cancelled.
@@ -94,9 +130,8 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let app = router(tool, config, token, shutdown.clone());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    let stop = async move { shutdown.cancelled().await };
+    crate::listener::serve(app, listener, config, stop, || {}).await
 }
 
 /// The URL of the MCP endpoint on `addr`.

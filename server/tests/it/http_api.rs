@@ -371,6 +371,102 @@ async fn a_token_is_required_except_for_health_and_draining_refuses_runs() {
     assert_eq!(s.get("/healthz").await.0, StatusCode::OK);
 }
 
+/// Issue 37, hole 1: a foreign `Host` (DNS rebinding) or `Origin` (a cross-site request)
+/// gets 403 on every route, the token-free ones included, before the token is looked at and
+/// before anything runs; `allowed_hosts` and `allowed_origins` let a named one in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_host_or_origin_gets_403_on_every_route() {
+    let s = serve(
+        "[http]\nallowed_hosts = [\"pycage.svc\"]\nallowed_origins = [\"https://app.example\"]\n",
+        Some("s3cret"),
+    )
+    .await;
+    let routes = [
+        ("POST", "/v1/runs"),
+        ("POST", "/v1/runs/abc/resume"),
+        ("POST", "/v1/sessions"),
+        ("GET", "/v1/sessions/abc"),
+        ("DELETE", "/v1/sessions/abc"),
+        ("POST", "/v1/sessions/abc/runs"),
+        ("GET", "/v1/description"),
+        ("GET", "/v1/openapi.json"),
+        ("GET", "/healthz"),
+        ("GET", "/readyz"),
+        ("GET", "/metrics"),
+        ("GET", "/no/such/route"),
+    ];
+    let send = |method: &str, path: &str, host: &str, origin: Option<&str>| {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut r = s
+            .client
+            .request(method, format!("{}{path}", s.base))
+            .header(reqwest::header::HOST, host)
+            .bearer_auth("s3cret");
+        if let Some(origin) = origin {
+            r = r.header(reqwest::header::ORIGIN, origin);
+        }
+        r.send()
+    };
+    for (method, path) in routes {
+        for (host, origin, expected) in [
+            ("attacker.example:8080", None, "forbidden_host"),
+            (
+                "attacker.example",
+                Some("http://attacker.example"),
+                "forbidden_host",
+            ),
+            (
+                "localhost",
+                Some("http://attacker.example:8080"),
+                "forbidden_origin",
+            ),
+            ("localhost", Some("null"), "forbidden_origin"),
+            (
+                "pycage.svc",
+                Some("https://app.example:8443"),
+                "forbidden_origin",
+            ),
+        ] {
+            let r = send(method, path, host, origin).await.unwrap();
+            let what = format!("{method} {path} Host {host} Origin {origin:?}");
+            assert_eq!(r.status(), StatusCode::FORBIDDEN, "{what}");
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(kind(&body), expected, "{what}: {body}");
+        }
+    }
+    // The refusal is as the OpenAPI document says.
+    let doc = send("GET", "/v1/openapi.json", "localhost", None)
+        .await
+        .unwrap();
+    let doc: Value = doc.json().await.unwrap();
+    let r = send("POST", "/v1/runs", "attacker.example", None)
+        .await
+        .unwrap();
+    let status = r.status();
+    conforms(&doc, "/v1/runs", "post", status, &r.json().await.unwrap());
+    // None of that ran code or opened a session; each refusal was counted.
+    let metrics = s.get("/metrics").await.1;
+    assert_eq!(sample(&metrics, "pycage_sessions_live"), 0.0);
+    assert!(!metrics.contains("pycage_runs_total{"), "{metrics}");
+    assert_eq!(
+        sample(
+            &metrics,
+            "pycage_requests_rejected_total{reason=\"forbidden_host\"}"
+        ),
+        25.0
+    );
+    // A listed host, an address, a loopback page and a listed page are served.
+    for (host, origin) in [
+        ("pycage.svc:8080", None),
+        ("10.0.0.7:8080", None),
+        ("localhost", Some("http://localhost:3000")),
+        ("pycage.svc", Some("https://app.example")),
+    ] {
+        let r = send("GET", "/v1/description", host, origin).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "Host {host} Origin {origin:?}");
+    }
+}
+
 /// The value of the sample `name` (with its labels, as exposed) in the metrics text, or 0.
 fn sample(text: &str, name: &str) -> f64 {
     text.lines()
@@ -616,6 +712,43 @@ async fn a_client_that_stalls_mid_body_is_cut_off() {
     );
 }
 
+/// Issue 37, hole 7: the body deadline counts from the request's start; a 1-byte trickle
+/// does not restart it (one lived 12.5 s with a 2 s limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_trickled_a_byte_at_a_time_is_ended_at_the_deadline() {
+    let s = serve("[http]\nbody_read_timeout = \"1s\"\n", None).await;
+    let addr = s.base.strip_prefix("http://").unwrap();
+    let head = "POST /v1/runs HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n\
+                content-length: 1000\r\n\r\n";
+    let (held, answer) = crate::slow_client::trickle(addr, head).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{held:?}: {answer}");
+    assert!(answer.contains("body_timeout"), "{answer}");
+    assert!(held < Duration::from_secs(20), "{held:?}");
+}
+
+/// Issue 37, hole 7: at most `max_connections` are open; the next waits until one closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_wait_until_one_closes() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let s = serve("[http]\nmax_connections = 2\n", None).await;
+    let addr = s.base.strip_prefix("http://").unwrap();
+    let first = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _second = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
+    third
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let early = tokio::time::timeout(Duration::from_secs(1), third.read_to_end(&mut answer)).await;
+    assert!(early.is_err(), "served past the cap: {answer:?}");
+    drop(first);
+    let read = tokio::time::timeout(Duration::from_secs(20), third.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "never served after a connection closed");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_finishes_its_headers_is_cut_off() {
     use tokio::io::AsyncWriteExt as _;
@@ -708,6 +841,93 @@ async fn a_call_that_needs_approval_suspends_the_run_and_its_resume_finishes_it(
     let (_, answered) = resume(id, json!({"decision": "answer", "answer": "by hand"})).await;
     assert_eq!(answered["value"], "by hand", "{answered:#}");
     assert_eq!(answered["status"], "completed");
+}
+
+/// Issue 37, hole 5: a resumed run keeps its request's limits and its `net_allow` narrowing
+/// (they were lost: after approval a run narrowed to `localhost` fetched 127.0.0.1 and made
+/// 5 tool calls with `max_tool_calls: 2`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_run_keeps_its_limits_and_its_net_allow() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let app = axum::Router::new().route("/", axum::routing::get(|| async { "reached" }));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let s = serve(
+        &format!(
+            "[net]\nallow = [\"127.0.0.1:{port}\", \"localhost:{port}\"]\n\
+             allow_addresses = [\"127.0.0.1/32\"]\n\
+             [policy]\nallow = [\"add\", \"echo\", \"net.fetch\"]\napprove = [\"echo\"]\n\
+             [limits]\nmax_tool_calls = 50\n"
+        ),
+        None,
+    )
+    .await;
+    let code = format!(
+        "await echo(text='go')\n\
+         try:\n    r = fetch_sync('http://127.0.0.1:{port}/')['body']\n\
+         except ToolError as e:\n    r = e.kind\n\
+         n = 0\n\
+         try:\n    for _ in range(5):\n        await add(a=1, b=1)\n        n += 1\n\
+         except ToolError as e:\n    pass\n\
+         return [r, n]"
+    );
+    let approved = |body: Value| {
+        let s = &s;
+        async move {
+            let (_, r) = s.post("/v1/runs", body).await;
+            assert_eq!(r["status"], "suspended", "{r:#}");
+            let id = r["run_id"].as_str().unwrap().to_owned();
+            let resume = format!("/v1/runs/{id}/resume");
+            s.post(&resume, json!({"decision": "approve"})).await.1
+        }
+    };
+    // Unnarrowed and with the server's limits, the same run reaches the host and adds 5 times.
+    let done = approved(json!({"code": code})).await;
+    assert_eq!(done["value"], json!(["reached", 5]), "{done:#}");
+    // Narrowed to localhost, with at most 3 calls: approval lifts neither.
+    let done = approved(json!({
+        "code": code,
+        "net_allow": [format!("localhost:{port}")],
+        "limits": {"max_tool_calls": 3},
+    }))
+    .await;
+    // echo, the refused fetch, one add: the ceiling of 3; the next add is refused.
+    assert_eq!(done["value"], json!(["denied", 1]), "{done:#}");
+}
+
+/// Issue 37, hole 3: a suspended run's state is bounded in bytes: one too big fails as
+/// `tool_call_limit` (and is not kept), and the store's total is bounded (429).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn suspended_runs_are_bounded_in_bytes() {
+    let s = serve(
+        "[policy]\nallow = [\"echo\", \"add\"]\napprove = [\"add\"]\n\
+         [suspended]\nmax_run_bytes = 200000\nmax_total_bytes = 500000\n",
+        None,
+    )
+    .await;
+    let code = |kib: usize| {
+        format!(
+            "for _ in range(3):\n    await echo(text='x' * {kib} * 1024)\nreturn await add(a=1, b=2)"
+        )
+    };
+    // 3 calls of 100 KiB, each kept with its argument and its result: over 200,000 bytes.
+    let (status, r) = s.post("/v1/runs", json!({"code": code(100)})).await;
+    assert_eq!(status, StatusCode::OK, "{r:#}");
+    assert_eq!(r["status"], "failed", "{r:#}");
+    assert_eq!(r["error"]["kind"], "tool_call_limit", "{r:#}");
+    assert!(r.get("run_id").is_none(), "{r:#}");
+    // 3 of 20 KiB (about 120,000 bytes) are kept; the store holds four such, not five.
+    for n in 0..4 {
+        let (status, r) = s.post("/v1/runs", json!({"code": code(20)})).await;
+        assert_eq!(
+            (status, &r["status"]),
+            (StatusCode::OK, &json!("suspended")),
+            "{n}: {r:#}"
+        );
+    }
+    let (status, r) = s.post("/v1/runs", json!({"code": code(20)})).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{r:#}");
+    assert_eq!(kind(&r), "busy");
 }
 
 /// A reqwest client; the process's TLS provider installed first (the workspace's reqwest has

@@ -10,4 +10,5 @@
 mod http_api;
 mod mcp;
 mod mcp_http;
+mod slow_client;
 mod upstream;

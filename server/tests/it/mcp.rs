@@ -576,3 +576,32 @@ async fn net_allow_narrows_fetch_for_one_call_and_cannot_widen_it() {
     assert_eq!(error_kind(&r), Some("invalid_input"), "{}", text(&r));
     assert!(text(&r).contains("`evil.example` is not one of the allowed hosts"));
 }
+
+/// Issue 37, holes 3 and 5 over MCP: a resumed run keeps the limits its call asked for, and
+/// a run whose state is too big to keep fails as `tool_call_limit` instead of waiting.
+#[tokio::test]
+async fn a_resumed_run_keeps_its_limits_and_an_oversized_one_is_not_kept() {
+    let h = serve(
+        "[policy]\nallow = [\"add\", \"echo\"]\napprove = [\"echo\"]\n\
+         [limits]\nmax_tool_calls = 50\n[suspended]\nmax_run_bytes = 100000\n",
+    )
+    .await;
+    let code = "await echo(text='go')\nn = 0\n\
+                try:\n    for _ in range(5):\n        await add(a=1, b=1)\n        n += 1\n\
+                except ToolError:\n    pass\nreturn n";
+    for (limits, expected) in [(json!({}), 5), (json!({"max_tool_calls": 3}), 2)] {
+        let paused = call(&h, "run_python", json!({"code": code, "limits": limits})).await;
+        let id = structured(&paused)["run_id"].as_str().unwrap().to_owned();
+        let done = call(
+            &h,
+            "resume_run",
+            json!({"run_id": id, "decision": "approve"}),
+        )
+        .await;
+        assert_eq!(structured(&done)["value"], expected, "{}", text(&done));
+    }
+    let big = "for _ in range(2):\n    await add(a=1, b=1)\n\
+               await echo(text='x' * 120000)\nawait echo(text='again')";
+    let r = call(&h, "run_python", json!({"code": big})).await;
+    assert_eq!(error_kind(&r), Some("tool_call_limit"), "{}", text(&r));
+}

@@ -109,3 +109,73 @@ async fn a_body_past_the_cap_is_refused() {
     let small = post().body(Body::from(INITIALIZE)).unwrap();
     assert_eq!(status(&app, small).await, StatusCode::OK);
 }
+
+/// The listener on a real loopback socket with `config`; its address.
+async fn listen(config: HttpConfig) -> String {
+    let tool = Arc::new(PythonTool::start(&ServerConfig::default()).await.unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        pycage_server::mcp::http::serve(tool, &config, None, listener, CancellationToken::new())
+            .await
+            .unwrap()
+    });
+    addr
+}
+
+/// Issue 37, hole 7: a half-sent header is closed (it stayed open 40 s), and a body
+/// trickled a byte at a time is ended at the body deadline, counted from its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_is_cut_off() {
+    let addr = listen(HttpConfig {
+        header_read_timeout: std::time::Duration::from_millis(500),
+        body_read_timeout: std::time::Duration::from_secs(1),
+        ..HttpConfig::default()
+    })
+    .await;
+    let held = crate::slow_client::stall_headers(&addr).await;
+    assert!(held < std::time::Duration::from_secs(20), "{held:?}");
+    let head = "POST /mcp HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n\
+                accept: application/json, text/event-stream\r\ncontent-length: 1000\r\n\r\n";
+    let (held, answer) = crate::slow_client::trickle(&addr, head).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{held:?}: {answer}");
+    assert!(held < std::time::Duration::from_secs(20), "{held:?}");
+}
+
+/// Issue 37, hole 7: MCP sessions are capped (300 of 300 `initialize` were accepted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_sessions_are_capped() {
+    let addr = listen(HttpConfig {
+        max_mcp_sessions: 2,
+        ..HttpConfig::default()
+    })
+    .await;
+    pycage_tools::net::install_crypto_provider();
+    let client = reqwest::Client::new();
+    let initialize = || {
+        client
+            .post(format!("http://{addr}{MCP_PATH}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json, text/event-stream")
+            .body(INITIALIZE)
+            .send()
+    };
+    let mut sessions = Vec::new();
+    for _ in 0..2 {
+        let r = initialize().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        sessions.push(r.headers()["mcp-session-id"].to_str().unwrap().to_owned());
+    }
+    let refused = initialize().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(refused.headers().contains_key(header::RETRY_AFTER));
+    // Closing one makes room.
+    let closed = client
+        .delete(format!("http://{addr}{MCP_PATH}"))
+        .header("mcp-session-id", &sessions[0])
+        .send()
+        .await
+        .unwrap();
+    assert!(closed.status().is_success(), "{}", closed.status());
+    assert_eq!(initialize().await.unwrap().status(), StatusCode::OK);
+}
