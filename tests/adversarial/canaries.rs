@@ -19,6 +19,11 @@ const ENV_VALUE: &str = "CANARY-ENV-7c1e5";
 const FILE_VALUE: &str = "CANARY-FILE-93ab0";
 const TOOL_VALUE: &str = "CANARY-TOOL-d44f2";
 
+/// The environment canary's value.
+pub fn env_value() -> &'static str {
+    ENV_VALUE
+}
+
 /// Re-runs this binary with the environment canary set, unless it already is; returns the
 /// child's exit code when it re-ran.
 pub fn reexec_with_env_canary() -> Option<ExitCode> {

@@ -28,6 +28,9 @@ mod case;
 mod mcp;
 #[path = "../os_support/mod.rs"]
 mod os_support;
+mod servers;
+#[path = "../../server/tests/it/slow_client.rs"]
+mod slow_client;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -125,6 +128,11 @@ async fn run_all(canaries: &Canaries, cases: &[Case], filter: Option<&str>) -> V
             );
         }
     }
+    // The servers' own attack surface, on both servers (HTTP API and MCP over HTTP).
+    let server_ids = servers::ATTACKS.iter().map(|a| format!("servers/{a}"));
+    if filter.is_none_or(|f| server_ids.clone().any(|id| id.contains(f))) {
+        ran += run_servers(&mut report, &mut failures, filter).await;
+    }
     // A custom guest (packages baked in, `pycage guest build`) is the same sandbox: the
     // categories that test its walls run on it too.
     if filter.is_none_or(|f| {
@@ -195,6 +203,43 @@ async fn run_all(canaries: &Canaries, cases: &[Case], filter: Option<&str>) -> V
 /// The category that also runs through the MCP server.
 const MCP_CATEGORY: &str = "tools";
 
+/// Runs the `servers` category (see `servers.rs`) on both servers; how many attacks ran.
+async fn run_servers(
+    report: &mut String,
+    failures: &mut Vec<String>,
+    filter: Option<&str>,
+) -> usize {
+    let net = servers::net_targets().await;
+    let mut ran = 0;
+    for server in [servers::Server::Http, servers::Server::Mcp] {
+        let listening = match servers::start(server, net.clone()).await {
+            Ok(listening) => listening,
+            Err(why) => {
+                failures.push(format!("[{}] did not start: {why}", server.name()));
+                continue;
+            }
+        };
+        for name in servers::ATTACKS {
+            let id = format!("servers/{name}");
+            if filter.is_some_and(|f| !id.contains(f)) {
+                continue;
+            }
+            ran += 1;
+            let started = Instant::now();
+            let outcome = servers::attack(&listening, name).await;
+            record_named(
+                report,
+                failures,
+                server.name(),
+                ("servers", name),
+                outcome,
+                started,
+            );
+        }
+    }
+    ran
+}
+
 /// Adds a case's outcome to the report and the console, and to `failures` when it failed.
 fn record(
     report: &mut String,
@@ -204,16 +249,28 @@ fn record(
     outcome: Result<(), String>,
     started: Instant,
 ) {
+    let id = (case.category.as_str(), case.name.as_str());
+    record_named(report, failures, backend, id, outcome, started);
+}
+
+/// Adds the outcome of `(category, name)` on `backend` to the report and the console, and to
+/// `failures` when it failed.
+fn record_named(
+    report: &mut String,
+    failures: &mut Vec<String>,
+    backend: &str,
+    (category, name): (&str, &str),
+    outcome: Result<(), String>,
+    started: Instant,
+) {
     let took = started.elapsed();
-    let id = format!("{}/{}", case.category, case.name);
+    let id = format!("{category}/{name}");
     let verdict = match &outcome {
         Ok(()) => "pass".to_owned(),
         Err(why) => format!("**FAIL**: {}", why.replace('|', "\\|")),
     };
     report.push_str(&format!(
-        "| {backend} | {} | {} | {verdict} | {:.0} ms |\n",
-        case.category,
-        case.name,
+        "| {backend} | {category} | {name} | {verdict} | {:.0} ms |\n",
         took.as_secs_f64() * 1000.0
     ));
     match outcome {

@@ -1,4 +1,5 @@
-//! Attacks on a listener by a slow client, over a raw socket: what reqwest cannot do.
+//! Attacks on a listener by a slow client, over a raw socket: what reqwest cannot do. Shared
+//! with the adversarial suite's `servers` category.
 
 use std::time::{Duration, Instant};
 
