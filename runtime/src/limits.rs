@@ -101,6 +101,15 @@ impl Limits {
         LimitsBuilder::from(Limits::default())
     }
 
+    /// The first field above its value in `maxima`, by name (see
+    /// [`LimitsBuilder::clamp_to`]), or `None` when every one is within them.
+    pub fn first_above(&self, maxima: &Limits) -> Option<&'static str> {
+        LimitsBuilder::from(self.clone())
+            .clamp_to(maxima)
+            .first()
+            .copied()
+    }
+
     /// The limits of one run in a session opened with `session`'s limits: the run's own wall
     /// time, fuel, output, value, code and tool limits, and the session's memory and file
     /// budgets (they belong to the guest and its directory, which outlive the run).
@@ -311,6 +320,42 @@ impl LimitsBuilder {
 
     /// Validates and returns the limits.
     ///
+    /// Lowers each field above its value in `maxima` to it, and names the fields lowered,
+    /// in the order the fields are declared. No fuel limit (unmetered) is above any fuel
+    /// maximum; maxima without one allow any. What a server does with a client's request:
+    /// its limits within the server's maxima, and what it lowered for the client to see.
+    pub fn clamp_to(&mut self, maxima: &Limits) -> Vec<&'static str> {
+        let mut lowered = Vec::new();
+        macro_rules! lower {
+            ($($field:ident),* $(,)?) => {$(
+                if self.$field > maxima.$field {
+                    self.$field = maxima.$field;
+                    lowered.push(stringify!($field));
+                }
+            )*};
+        }
+        lower!(wall_timeout, memory_bytes, max_output_bytes, max_tool_calls);
+        if let Some(max) = maxima.fuel
+            && self.fuel.is_none_or(|f| f > max)
+        {
+            self.fuel = Some(max);
+            lowered.push("fuel");
+        }
+        lower!(
+            tool_timeout,
+            max_tool_args_bytes,
+            max_tool_result_bytes,
+            max_value_bytes,
+            max_code_bytes,
+            max_input_bytes,
+            max_written_bytes,
+            max_files,
+            max_file_bytes,
+            max_returned_bytes,
+        );
+        lowered
+    }
+
     /// # Errors
     ///
     /// [`LimitsError`] naming the first invalid field and why.

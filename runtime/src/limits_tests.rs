@@ -64,3 +64,37 @@ fn serde_validates_and_names_unknown_fields() {
     let round: Limits = serde_json::from_str(&serde_json::to_string(&ok).unwrap()).unwrap();
     assert_eq!(round, ok);
 }
+
+#[test]
+fn clamp_to_lowers_each_field_above_the_maxima_and_names_it() {
+    let maxima = Limits::builder()
+        .wall_timeout(Duration::from_secs(10))
+        .max_files(5)
+        .fuel(Some(1000))
+        .build()
+        .unwrap();
+    let mut asked = Limits::builder()
+        .wall_timeout(Duration::from_secs(60))
+        .max_files(3);
+    assert_eq!(asked.clamp_to(&maxima), ["wall_timeout", "fuel"]);
+    let got = asked.build().unwrap();
+    assert_eq!(got.wall_timeout(), Duration::from_secs(10));
+    assert_eq!(got.max_files(), 3);
+    assert_eq!(got.fuel(), Some(1000), "unmetered is above a fuel maximum");
+    assert_eq!(got.first_above(&maxima), None);
+    let unfueled = Limits::builder()
+        .wall_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    assert_eq!(unfueled.first_above(&maxima), Some("fuel"));
+    assert_eq!(
+        got.first_above(&unfueled),
+        None,
+        "no fuel maximum allows any"
+    );
+    let big = Limits::builder()
+        .wall_timeout(Duration::from_secs(99))
+        .build()
+        .unwrap();
+    assert_eq!(big.first_above(&Limits::default()), Some("wall_timeout"));
+}

@@ -82,13 +82,3 @@ fn bad_values_are_invalid_input_naming_the_field() {
         assert!(e.message.contains(needle), "{asked}: {}", e.message);
     }
 }
-
-#[test]
-fn first_above_names_the_field() {
-    let (small, big) = (limits(10, 128, 8), limits(60, 512, 100));
-    assert_eq!(first_above(&small, &big), None);
-    assert_eq!(first_above(&big, &small), Some("wall_timeout"));
-    let fueled = Limits::builder().fuel(Some(10)).build().unwrap();
-    assert_eq!(first_above(&Limits::default(), &fueled), Some("fuel"));
-    assert_eq!(first_above(&fueled, &Limits::default()), None);
-}

@@ -320,7 +320,7 @@ impl ServerConfig {
                 .build()
                 .map_err(|e| ConfigError::Invalid(format!("[maxima]: {e}")))?,
         };
-        if let Some(field) = crate::clamp::first_above(&limits, &maxima) {
+        if let Some(field) = limits.first_above(&maxima) {
             return Err(ConfigError::Invalid(format!(
                 "[limits] {field} is above [maxima] {field}"
             )));

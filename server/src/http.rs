@@ -191,7 +191,8 @@ impl HttpApi {
         merged.extend(asked.iter().map(|(k, v)| (k.clone(), v.clone())));
         let builder: LimitsBuilder = serde_json::from_value(Value::Object(merged))
             .map_err(|e| invalid(format!("`limits`: {e}")))?;
-        let (builder, clamped) = clamp_to(builder, &self.maxima);
+        let mut builder = builder;
+        let clamped = builder.clamp_to(&self.maxima);
         let limits = builder
             .build()
             .map_err(|e| invalid(format!("`limits`: {e}")))?;
@@ -232,43 +233,6 @@ impl HttpApi {
             )
         })
     }
-}
-
-/// Each field of `b` above its value in `maxima` lowered to it; the names of those lowered.
-fn clamp_to(mut b: LimitsBuilder, maxima: &Limits) -> (LimitsBuilder, Vec<&'static str>) {
-    let mut clamped = Vec::new();
-    macro_rules! lower {
-        ($($field:ident),* $(,)?) => {$(
-            if b.$field > maxima.$field() {
-                b.$field = maxima.$field();
-                clamped.push(stringify!($field));
-            }
-        )*};
-    }
-    lower!(
-        wall_timeout,
-        memory_bytes,
-        max_output_bytes,
-        max_tool_calls,
-        tool_timeout,
-        max_tool_args_bytes,
-        max_tool_result_bytes,
-        max_value_bytes,
-        max_code_bytes,
-        max_input_bytes,
-        max_written_bytes,
-        max_files,
-        max_file_bytes,
-        max_returned_bytes,
-    );
-    // No fuel limit is above any fuel limit; maxima without one allow any.
-    if let Some(max) = maxima.fuel()
-        && b.fuel.is_none_or(|f| f > max)
-    {
-        b.fuel = Some(max);
-        clamped.push("fuel");
-    }
-    (b, clamped)
 }
 
 /// A request's error: its status and the `{error: {kind, message}}` body.
