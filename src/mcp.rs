@@ -35,7 +35,18 @@ pub async fn mcp(args: McpArgs) -> Exit {
             return Exit::Internal;
         }
     };
-    let tool = Arc::new(tool);
+    // A client that cannot ask its user about a gated call (no MCP elicitation): the
+    // approval code goes to stderr, which the client shows as the server's log and the
+    // model does not read; the user gives it to the model to allow the call.
+    let tool = Arc::new(tool.with_approval_channel(|notice| {
+        eprintln!(
+            "pycage: run {} waits for your approval: {} To allow it, give the model this \
+             approval code: {}",
+            notice.pending.run_id,
+            notice.pending.question(),
+            notice.code,
+        );
+    }));
     match config.http.listen {
         None => match pycage_server::mcp::serve_stdio(tool).await {
             Ok(()) => Exit::Ok,

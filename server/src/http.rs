@@ -389,11 +389,10 @@ fn respond(
     body.insert("status".into(), json!(status));
     if let Some(state) = suspended {
         body.insert("pending".into(), json!(state.pending));
-        let run = crate::suspended::SuspendedRun {
-            state,
-            replacements,
-        };
-        match api.suspended.keep(run) {
+        match api
+            .suspended
+            .keep(crate::suspended::SuspendedRun::new(state, replacements))
+        {
             Ok(id) => {
                 body.insert("run_id".into(), json!(id));
             }

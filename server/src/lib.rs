@@ -19,7 +19,7 @@ pub mod suspended;
 pub mod upstream;
 
 pub use config::{ConfigError, HttpConfig, PolicyConfig, RunsConfig, ServerConfig};
-pub use python::{Progress, PythonTool, StartError, ToolOutput};
+pub use python::{ApprovalNotice, PendingApproval, Progress, PythonTool, StartError, ToolOutput};
 pub use sandbox::guest_backend;
 pub use suspended::SuspendedRuns;
 pub use upstream::{Upstream, UpstreamConfig, UpstreamError};

@@ -5,6 +5,14 @@
 //! that stopped at a call waiting for a person's approval) with the descriptions and
 //! schemas [`PythonTool`] generates, and maps each call onto it. A guest's failure, a limit,
 //! bad input or a busy server is a tool result with `isError: true`, never a protocol error.
+//!
+//! A run that stops at a call waiting for a person's approval asks that person, never the
+//! model: through MCP elicitation where the client supports it (an `elicitation/create`
+//! request on protocols before 2026-07-28; an `input_required` result the client answers
+//! and retries on 2026-07-28 and later), and the run goes on in the same tool call. Where
+//! the client cannot ask, the model gets the run's id: it may deny the call with
+//! `resume_run`, and approve it only with the one-time code the server showed the person
+//! ([`PythonTool::with_approval_channel`]).
 //! A long run sends `notifications/progress` when the client gave a progress token; a
 //! client's `notifications/cancelled` stops the run at once and frees its slot.
 //!
@@ -18,23 +26,30 @@
 
 pub mod http;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use base64::Engine as _;
-use pycage::OutputFile;
+use pycage::{Decision, OutputFile};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ResourceContents, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequest,
+    ElicitRequestParams, ElicitResult, ElicitationAction, ElicitationSchema, Implementation,
+    InputRequest, InputRequiredResult, InputResponses, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ResourceContents, ServerCapabilities,
+    ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde_json::Value;
 
 use crate::python::{
-    CLOSE_SESSION, CREATE_SESSION, Progress, PythonTool, RESUME_RUN, RUN_PYTHON, ToolOutput,
+    CLOSE_SESSION, CREATE_SESSION, PendingApproval, Progress, PythonTool, RESUME_RUN, RUN_PYTHON,
+    ToolOutput,
 };
 use crate::schema;
+
+/// The key of the approval question in an `input_required` result's `inputRequests`.
+const APPROVAL_INPUT: &str = "approval";
 
 /// The URI scheme of a produced file's embedded resource: `pycage-file:///out/data.csv`.
 pub const FILE_URI_PREFIX: &str = "pycage-file:///";
@@ -92,10 +107,12 @@ impl McpServer {
             Tool::new(
                 RESUME_RUN,
                 "Finishes a `run_python` run that came back `suspended` because one of its \
-                 tool calls waits for a person's approval. Call it only with what the user \
-                 decided: `approve` (the tool runs now), `deny` (the code gets a ToolError \
-                 of kind `denied`), or `answer` with the call's result. Returns the run's \
-                 result, as `run_python` does.",
+                 tool calls waits for a person's approval. You may `deny` the call yourself \
+                 (the code gets a ToolError of kind `denied`). Only the user may allow it: \
+                 `approve` (the tool runs now) or `answer` (the code gets `answer` as the \
+                 call's result) need `approval_code`, the code the pycage server showed the \
+                 user, as they gave it to you. Returns the run's result, as `run_python` \
+                 does.",
                 object(schema::resume_run_input()),
             )
             .with_title("Resume a run after a person's decision")
@@ -168,30 +185,159 @@ impl ServerHandler for McpServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let input = Value::Object(request.arguments.unwrap_or_default());
         let call = async {
-            match request.name.as_ref() {
-                RUN_PYTHON => Ok(self.run_python(input, &context).await),
-                RESUME_RUN => Ok(self.tool.resume(&input).await),
-                CREATE_SESSION if self.tool.sessions().is_some() => {
-                    Ok(self.tool.create_session(&input).await)
-                }
-                CLOSE_SESSION if self.tool.sessions().is_some() => {
-                    Ok(self.tool.close_session(&input))
-                }
-                other => Err(ErrorData::invalid_params(
-                    format!("no tool `{}`", other.escape_debug()),
-                    None,
-                )),
+            // A retry after an `input_required` result: the client's answer to the approval
+            // question, for the run its `requestState` names.
+            if let Some(token) = &request.request_state {
+                let decision = answered(request.input_responses.as_ref())?;
+                let output = self.tool.decide_by_token(token, decision).await;
+                return Ok(self.settle(output, &context).await);
             }
+            let input = Value::Object(request.arguments.clone().unwrap_or_default());
+            let output = match request.name.as_ref() {
+                RUN_PYTHON => self.run_python(input, &context).await,
+                RESUME_RUN => self.tool.resume(&input).await,
+                CREATE_SESSION if self.tool.sessions().is_some() => {
+                    self.tool.create_session(&input).await
+                }
+                CLOSE_SESSION if self.tool.sessions().is_some() => self.tool.close_session(&input),
+                other => {
+                    return Err(ErrorData::invalid_params(
+                        format!("no tool `{}`", other.escape_debug()),
+                        None,
+                    ));
+                }
+            };
+            Ok(self.settle(output, &context).await)
         };
         tokio::select! {
-            output = call => output.map(|o| result(o).into()),
+            response = call => response,
             // rmcp sends nothing for a cancelled request; dropping `call` stops the run and
             // frees its slot.
             () = context.ct.cancelled() => Err(ErrorData::internal_error("cancelled", None)),
         }
     }
+}
+
+/// How a client can put a question to its user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asker {
+    /// An `elicitation/create` request, answered within the tool call (before 2026-07-28).
+    Request,
+    /// An `input_required` result the client answers and retries with (2026-07-28 on).
+    Retry,
+    /// The client declared no form elicitation.
+    None,
+}
+
+impl Asker {
+    fn of(context: &RequestContext<RoleServer>) -> Self {
+        let form = context
+            .client_capabilities()
+            .and_then(|c| c.elicitation)
+            // A capability naming neither mode means form (the 2025-06-18 shape).
+            .is_some_and(|e| e.form.is_some() || e.url.is_none());
+        match context.protocol_version() {
+            _ if !form => Asker::None,
+            Some(version) if !version.has_initialize() => Asker::Retry,
+            _ => Asker::Request,
+        }
+    }
+}
+
+impl McpServer {
+    /// A tool's output as the call's response: a run that waits for approval asks the
+    /// person (see the [module docs](self)) and goes on with their decision, as often as it
+    /// stops; one the client cannot ask about is returned with what the model may do.
+    async fn settle(
+        &self,
+        mut output: ToolOutput,
+        context: &RequestContext<RoleServer>,
+    ) -> CallToolResponse {
+        loop {
+            let Some(pending) = output.pending.clone() else {
+                return result(output).into();
+            };
+            match Asker::of(context) {
+                Asker::Retry => {
+                    // The state names the run and carries a one-time code, so a retry
+                    // answers this question only.
+                    let Some(token) = self.tool.approval_token(&pending.run_id) else {
+                        self.tool.ask_out_of_band(&mut output);
+                        return result(output).into();
+                    };
+                    let question = ElicitRequest::new(question(&pending));
+                    let asks = BTreeMap::from([(
+                        APPROVAL_INPUT.to_owned(),
+                        InputRequest::Elicitation(question),
+                    )]);
+                    return InputRequiredResult::new(Some(asks), Some(token)).into();
+                }
+                Asker::Request => {
+                    let asked = context
+                        .peer
+                        .create_elicitation_with_timeout(
+                            question(&pending),
+                            Some(self.tool.suspended_ttl()),
+                        )
+                        .await;
+                    let decision = match asked {
+                        Ok(answer) => decision(&answer),
+                        Err(e) => {
+                            // No answer is no approval.
+                            tracing::info!("the approval question got no answer: {e}");
+                            Decision::Deny
+                        }
+                    };
+                    output = self.tool.decide(&pending.run_id, decision).await;
+                }
+                Asker::None => {
+                    self.tool.ask_out_of_band(&mut output);
+                    return result(output).into();
+                }
+            }
+        }
+    }
+}
+
+/// The approval question for a person: the call, its tool and arguments; accepting it
+/// allows the call, declining or dismissing it denies it.
+fn question(pending: &PendingApproval) -> ElicitRequestParams {
+    ElicitRequestParams::FormElicitationParams {
+        meta: None,
+        message: format!(
+            "{} Accept to run it; decline to refuse it (the code gets a ToolError).",
+            pending.question()
+        ),
+        requested_schema: ElicitationSchema::new(BTreeMap::new()),
+    }
+}
+
+/// A person's decision from their answer: only an explicit accept approves.
+fn decision(answer: &ElicitResult) -> Decision {
+    match answer.action {
+        ElicitationAction::Accept => Decision::Approve,
+        _ => Decision::Deny,
+    }
+}
+
+/// The decision in a retried call's `inputResponses`.
+fn answered(responses: Option<&InputResponses>) -> Result<Decision, ErrorData> {
+    let answer = responses
+        .and_then(|r| r.get(APPROVAL_INPUT))
+        .ok_or_else(|| {
+            ErrorData::invalid_params(
+                format!("a retried call needs `inputResponses.{APPROVAL_INPUT}`"),
+                None,
+            )
+        })?;
+    let answer: ElicitResult = serde_json::from_value(answer.clone()).map_err(|e| {
+        ErrorData::invalid_params(
+            format!("`inputResponses.{APPROVAL_INPUT}` is not an elicitation result: {e}"),
+            None,
+        )
+    })?;
+    Ok(decision(&answer))
 }
 
 /// Serves `tool` over MCP on this process's stdin and stdout until the client closes stdin.

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use pycage::journal::PendingCall;
 use pycage::{
-    Description, ErrorKind, InputFile, Limits, OutputFile, Persistence, RunError, RunRequest,
-    RunResult, Runner, SessionId, SessionManager,
+    Decision, Description, ErrorKind, InputFile, Limits, OutputFile, Persistence, RunError,
+    RunRequest, RunResult, Runner, SessionId, SessionManager,
 };
 use serde_json::{Map, Value, json};
 use tokio::sync::Semaphore;
@@ -80,6 +81,60 @@ pub struct ToolOutput {
     pub is_error: bool,
     /// The files the run produced, with their bytes where they were returned.
     pub files: Vec<OutputFile>,
+    /// The call a suspended run waits at, for a person to decide (see
+    /// [`PythonTool::decide`]); `None` for a run that ended.
+    pub pending: Option<PendingApproval>,
+}
+
+/// A run suspended at a call that waits for a person's decision.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PendingApproval {
+    /// The run's id, for [`PythonTool::decide`].
+    pub run_id: String,
+    /// The call that waits.
+    pub call: PendingCall,
+}
+
+impl PendingApproval {
+    /// What a person is asked: the call, its tool and arguments.
+    pub fn question(&self) -> String {
+        /// How much of the arguments a person is shown: enough to judge a call, not a
+        /// megabyte of them in a dialog or a log line.
+        const SHOWN: usize = 2_000;
+        let mut args = Value::Object(self.call.args.clone()).to_string();
+        if args.len() > SHOWN {
+            let total = args.len();
+            args.truncate(args.floor_char_boundary(SHOWN));
+            args.push_str(&format!("… ({total} bytes in all)"));
+        }
+        format!(
+            "Code a model wrote wants to call `{}` with {args}. Allow this call?",
+            self.call.tool,
+        )
+    }
+}
+
+/// A run waiting for a person whose client cannot be asked: the code that approves it, for
+/// the server to show that person through a channel the model does not read (see
+/// [`PythonTool::with_approval_channel`]).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ApprovalNotice {
+    /// The run.
+    pub pending: PendingApproval,
+    /// The one-time code that approves it (`XXXXX-XXXXX`).
+    pub code: String,
+}
+
+/// Where approval codes go: a person's channel the model does not read.
+#[derive(Clone)]
+struct ApprovalChannel(Arc<dyn Fn(&ApprovalNotice) + Send + Sync>);
+
+impl std::fmt::Debug for ApprovalChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApprovalChannel")
+    }
 }
 
 /// `run_python`, `create_session` and `close_session` over one runner (see the [module
@@ -102,6 +157,8 @@ pub struct PythonTool {
     suspended: crate::SuspendedRuns,
     /// The `[net]` table's `net.fetch`, which a run's `net_allow` narrows.
     fetch: Option<pycage_tools::net::FetchTool>,
+    /// Where a run's approval code goes when the client cannot ask its person.
+    approvals: Option<ApprovalChannel>,
 }
 
 impl PythonTool {
@@ -161,7 +218,27 @@ impl PythonTool {
             output_schema: schema::run_output(),
             suspended: crate::SuspendedRuns::new(config.suspended.clone()),
             fetch,
+            approvals: None,
         })
+    }
+
+    /// Gives each run that waits for a person whose client cannot be asked (see
+    /// [`ask_out_of_band`](Self::ask_out_of_band)) a one-time approval code, and hands it to
+    /// `channel`, which must show it to the person and never to the model (`pycage mcp`
+    /// writes it to its stderr, the client's server log). Without a channel such a run can
+    /// only be denied.
+    #[must_use]
+    pub fn with_approval_channel(
+        mut self,
+        channel: impl Fn(&ApprovalNotice) + Send + Sync + 'static,
+    ) -> Self {
+        self.approvals = Some(ApprovalChannel(Arc::new(channel)));
+        self
+    }
+
+    /// How long a suspended run waits for its decision.
+    pub fn suspended_ttl(&self) -> Duration {
+        self.suspended.ttl()
     }
 
     /// The runner the calls run on.
@@ -257,15 +334,20 @@ impl PythonTool {
     }
 
     /// Runs one `resume_run` call: `run_id` (of a run that came back suspended), `decision`
-    /// (`approve`, `deny` or `answer`) and, with `answer`, the call's result.
+    /// (`approve`, `deny` or `answer`), with `answer` the call's result, and with `approve`
+    /// or `answer` the `approval_code` the person was given. The model makes this call: it
+    /// may deny on its own, but approving needs the person's code (issue 37, hole 4).
     pub async fn resume(&self, input: &Value) -> ToolOutput {
         let parsed = object(input).and_then(|object| {
-            if let Some(key) = object
-                .keys()
-                .find(|k| !matches!(k.as_str(), "run_id" | "decision" | "answer"))
-            {
+            if let Some(key) = object.keys().find(|k| {
+                !matches!(
+                    k.as_str(),
+                    "run_id" | "decision" | "answer" | "approval_code"
+                )
+            }) {
                 return Err(invalid(format!(
-                    "`resume_run` takes `run_id`, `decision` and `answer`, not `{}`",
+                    "`resume_run` takes `run_id`, `decision`, `answer` and `approval_code`, \
+                     not `{}`",
                     key.escape_debug()
                 )));
             }
@@ -275,18 +357,111 @@ impl PythonTool {
                 .ok_or_else(|| invalid("`resume_run` needs `run_id`, a string".into()))?;
             let decision = object.get("decision").and_then(Value::as_str);
             let decision = crate::suspended::decision(decision, object.get("answer"))?;
-            Ok((id.to_owned(), decision))
+            let code = match object.get("approval_code") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(code)) => Some(code.as_str()),
+                Some(_) => return Err(invalid("`approval_code` must be a string".into())),
+            };
+            let run = self.suspended.take_with_code(id, &decision, code)?;
+            Ok((id.to_owned(), decision, run))
         });
-        let (id, decision) = match parsed {
-            Ok(parsed) => parsed,
-            Err(error) => return self.failed(&error),
-        };
-        let Some(run) = self.suspended.take(&id) else {
-            return self.failed(&invalid(
+        match parsed {
+            Ok((id, decision, run)) => self.resume_taken(id, run, decision).await,
+            Err(error) => self.failed(&error),
+        }
+    }
+
+    /// Resumes the run `run_id` with a person's `decision`, made where the model cannot
+    /// reach: an MCP client's elicitation, answered by its user.
+    pub async fn decide(&self, run_id: &str, decision: Decision) -> ToolOutput {
+        match self.suspended.take(run_id) {
+            Some(run) => self.resume_taken(run_id.to_owned(), run, decision).await,
+            None => self.failed(&invalid(
                 "no suspended run has that `run_id` (it was resumed, expired or never existed)"
                     .into(),
+            )),
+        }
+    }
+
+    /// A token that names the live run `run_id` and carries a fresh one-time approval code,
+    /// for a client to send back with its person's answer (MCP's `requestState`): the answer
+    /// then counts only for the question that was put. `None` when no live run has that id
+    /// or no code could be made.
+    pub fn approval_token(&self, run_id: &str) -> Option<String> {
+        match self.suspended.issue_code(run_id) {
+            Ok(code) => code.map(|code| format!("{run_id}.{code}")),
+            Err(error) => {
+                tracing::warn!("no approval code for run {run_id}: {error}");
+                None
+            }
+        }
+    }
+
+    /// Resumes the run an [`approval_token`](Self::approval_token) names with a person's
+    /// `decision`; a token that is not the run's latest ends the run unless it denies.
+    pub async fn decide_by_token(&self, token: &str, decision: Decision) -> ToolOutput {
+        let Some((id, code)) = token.split_once('.') else {
+            return self.failed(&invalid(
+                "the request state is not an approval token".into(),
             ));
         };
+        match self.suspended.take_with_code(id, &decision, Some(code)) {
+            Ok(run) => self.resume_taken(id.to_owned(), run, decision).await,
+            Err(error) => self.failed(&error),
+        }
+    }
+
+    /// A run that waits for a person the client cannot ask: with an approval channel, the
+    /// run gets a one-time code the channel shows the person; `output`'s text tells the
+    /// model what it may do (ask the user for the code, or deny).
+    pub fn ask_out_of_band(&self, output: &mut ToolOutput) {
+        let Some(pending) = &output.pending else {
+            return;
+        };
+        let id = &pending.run_id;
+        let issued = match &self.approvals {
+            Some(channel) => match self.suspended.issue_code(id) {
+                Ok(Some(code)) => {
+                    (channel.0)(&ApprovalNotice {
+                        pending: pending.clone(),
+                        code,
+                    });
+                    true
+                }
+                Ok(None) => false,
+                Err(error) => {
+                    tracing::warn!("no approval code for run {id}: {error}");
+                    false
+                }
+            },
+            None => false,
+        };
+        output.text.push_str(&if issued {
+            format!(
+                "The pycage server has shown the user an approval code for this call. Ask \
+                 the user whether to allow it. If they allow it, they give you the code: call \
+                 `{RESUME_RUN}` with run_id \"{id}\", decision \"approve\" and \
+                 approval_code as they gave it. If they refuse, or you would rather not run \
+                 it, call `{RESUME_RUN}` with decision \"deny\". The code then runs again from \
+                 its start, the earlier calls answered as before.\n"
+            )
+        } else {
+            format!(
+                "This client cannot ask the user (no MCP elicitation) and the server has no \
+                 other channel to them, so the call cannot be approved here: call \
+                 `{RESUME_RUN}` with run_id \"{id}\" and decision \"deny\" to let the code \
+                 go on without it.\n"
+            )
+        });
+    }
+
+    /// Resumes a run taken from the store with `decision`, in a run slot.
+    async fn resume_taken(
+        &self,
+        id: String,
+        run: crate::suspended::SuspendedRun,
+        decision: Decision,
+    ) -> ToolOutput {
         let _slot = match self.slot().await {
             Ok(slot) => slot,
             Err(busy) => {
@@ -316,13 +491,17 @@ impl PythonTool {
         let Some(state) = result.suspended.take() else {
             return render(result, session, clamped, None);
         };
-        let pending = state.pending.clone();
-        let run = crate::suspended::SuspendedRun {
-            state,
-            replacements,
-        };
-        match self.suspended.keep(run) {
-            Ok(id) => render(result, session, clamped, Some((id, pending))),
+        let call = state.pending.clone();
+        match self
+            .suspended
+            .keep(crate::suspended::SuspendedRun::new(state, replacements))
+        {
+            Ok(run_id) => render(
+                result,
+                session,
+                clamped,
+                Some(PendingApproval { run_id, call }),
+            ),
             Err(error) => self.failed(&error),
         }
     }
@@ -368,6 +547,7 @@ impl PythonTool {
                     text,
                     is_error: false,
                     files: Vec::new(),
+                    pending: None,
                 }
             }
             Err(error) => self.failed(&error),
@@ -401,6 +581,7 @@ impl PythonTool {
                 text: format!("session {id} closed\n"),
                 is_error: false,
                 files: Vec::new(),
+                pending: None,
             },
             Err(error) => self.failed(&error),
         }
@@ -483,30 +664,26 @@ fn render(
     result: RunResult,
     session: Option<&SessionId>,
     clamped: &[Clamped],
-    suspended: Option<(String, pycage::journal::PendingCall)>,
+    suspended: Option<PendingApproval>,
 ) -> ToolOutput {
     let mut text = result.for_model();
     if let Some(note) = clamp::note(clamped) {
         text.push_str(&note);
         text.push('\n');
     }
-    if let Some((id, pending)) = &suspended {
+    if let Some(pending) = &suspended {
         text.push_str(&format!(
-            "The run is paused: its tool call {} (`{}` with {}) waits for a person's \
-             approval. Ask the user; once they have decided, call `{RESUME_RUN}` with \
-             run_id \"{id}\" and decision \"approve\", \"deny\", or \"answer\" with \
-             `answer` (the call's result). The code then runs again from its start, the \
-             earlier calls answered as before.\n",
-            pending.position,
-            pending.tool,
-            Value::Object(pending.args.clone()),
+            "The run is paused (run_id \"{}\"): its tool call {} (`{}` with {}) waits for a \
+             person's approval.\n",
+            pending.run_id,
+            pending.call.position,
+            pending.call.tool,
+            Value::Object(pending.call.args.clone()),
         ));
     }
     let status = crate::suspended::status(suspended.is_some(), result.ok);
-    let (run_id, pending) = match suspended {
-        Some((id, pending)) => (Some(id), Some(pending)),
-        None => (None, None),
-    };
+    let run_id = suspended.as_ref().map(|p| p.run_id.as_str());
+    let pending_call = suspended.as_ref().map(|p| &p.call);
     let files: Vec<Value> = result
         .files
         .iter()
@@ -531,13 +708,14 @@ fn render(
         "clamped": clamped,
         "status": status,
         "run_id": run_id,
-        "pending": pending,
+        "pending": pending_call,
     });
     ToolOutput {
         structured,
         text,
         is_error: !result.ok,
         files: result.files,
+        pending: suspended,
     }
 }
 

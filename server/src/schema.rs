@@ -114,7 +114,6 @@ pub fn close_session_input() -> Value {
     })
 }
 
-/// The schema of `run_python`'s structured output.
 /// The input of `resume_run`.
 pub fn resume_run_input() -> Value {
     json!({
@@ -123,9 +122,10 @@ pub fn resume_run_input() -> Value {
             "run_id": {"type": "string", "description": "The `run_id` of the suspended result."},
             "decision": {
                 "enum": ["approve", "deny", "answer"],
-                "description": "What the person decided: the tool runs now (`approve`), the code gets a ToolError of kind `denied` (`deny`), or the code gets `answer` as the call's result (`answer`).",
+                "description": "What the person decided: the tool runs now (`approve`), the code gets a ToolError of kind `denied` (`deny`), or the code gets `answer` as the call's result (`answer`). Only `deny` may be your own decision.",
             },
             "answer": {"description": "With `decision: \"answer\"`: the call's result, any JSON."},
+            "approval_code": {"type": "string", "description": "With `approve` or `answer`: the approval code the person read from the pycage server and gave you. Never guess it: a wrong code ends the run."},
         },
         "required": ["run_id", "decision"],
         "additionalProperties": false,

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use pycage::{Decision, ErrorKind, RunError, Suspended};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use subtle::ConstantTimeEq as _;
 
 /// How many suspended runs a server keeps, how big, and for how long (`[suspended]`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,6 +47,21 @@ pub struct SuspendedRun {
     pub state: Suspended,
     /// The run's replacement tools ([`pycage::RunRequest::replace_tool`]).
     pub replacements: Vec<Arc<dyn pycage_tools::Tool>>,
+    /// The one-time code a person was given to approve the run through a channel the model
+    /// also speaks on (MCP's `resume_run`; see [`SuspendedRuns::issue_code`]); `None` until
+    /// one is issued, and then such a channel can only deny.
+    pub approval_code: Option<String>,
+}
+
+impl SuspendedRun {
+    /// A run to keep, with no approval code yet.
+    pub fn new(state: Suspended, replacements: Vec<Arc<dyn pycage_tools::Tool>>) -> Self {
+        SuspendedRun {
+            state,
+            replacements,
+            approval_code: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for SuspendedRun {
@@ -58,6 +74,7 @@ impl std::fmt::Debug for SuspendedRun {
         f.debug_struct("SuspendedRun")
             .field("state", &self.state)
             .field("replacements", &tools)
+            .field("approval_code", &self.approval_code.as_ref().map(|_| "…"))
             .finish()
     }
 }
@@ -167,6 +184,87 @@ impl SuspendedRuns {
         self.lock().insert(id, entry);
     }
 
+    /// Gives the live run `id` a fresh one-time approval code and returns it, for the server
+    /// to show the person (never the model); `None` when no live run has that id.
+    ///
+    /// # Errors
+    ///
+    /// `backend_error` when the random source fails.
+    pub fn issue_code(&self, id: &str) -> Result<Option<String>, RunError> {
+        let code = approval_code()?;
+        let mut runs = self.lock();
+        Ok(match runs.get_mut(id) {
+            Some(entry) if entry.expires > Instant::now() => {
+                entry.run.approval_code = Some(code.clone());
+                Some(code)
+            }
+            _ => None,
+        })
+    }
+
+    /// Takes the run `id` for a decision that came through a channel the model may speak on
+    /// (MCP's `resume_run`, or a client's retry carrying the code back). `deny` needs nothing: the model may always refuse a call. `approve`
+    /// and `answer` need the run's approval code as the person was given it; a wrong one
+    /// ends the run (one try: a code cannot be guessed), and a run given no code cannot be
+    /// approved this way at all.
+    ///
+    /// # Errors
+    ///
+    /// `invalid_input` when no live run has that id; `capability_denied` when the decision
+    /// needs a code the call lacks or gets wrong.
+    pub fn take_with_code(
+        &self,
+        id: &str,
+        decision: &Decision,
+        code: Option<&str>,
+    ) -> Result<SuspendedRun, RunError> {
+        let denied = |why: &str| RunError::new(ErrorKind::CapabilityDenied, why);
+        let gone = || {
+            RunError::new(
+                ErrorKind::InvalidInput,
+                "no suspended run has that `run_id` (it was resumed, expired or never existed)",
+            )
+        };
+        let mut runs = self.lock();
+        let live = runs.get(id).filter(|e| e.expires > Instant::now());
+        let Some(entry) = live else {
+            runs.remove(id);
+            return Err(gone());
+        };
+        let needs_code = !matches!(decision, Decision::Deny);
+        // Refusals that are not a try at a code leave the run waiting, so it can still be
+        // denied or approved by the person.
+        match (&entry.run.approval_code, code) {
+            _ if !needs_code => {}
+            (None, _) => {
+                return Err(denied(
+                    "this run can only be denied here: approving it needs a person's \
+                     decision, and none was asked for through this server (its client cannot \
+                     ask the user, and the server has no channel to give them an approval code)",
+                ));
+            }
+            (Some(_), None) => {
+                return Err(denied(
+                    "approving needs `approval_code`, the code the pycage server showed the \
+                     person; ask the user for it (or deny the call)",
+                ));
+            }
+            (Some(_), Some(_)) => {}
+        }
+        let Some(Entry { run, .. }) = runs.remove(id) else {
+            return Err(gone());
+        };
+        match (&run.approval_code, code) {
+            (Some(expected), Some(given)) if needs_code && !same_code(expected, given) => {
+                Err(denied(
+                    "that is not the run's approval code: the run is over (a code has one \
+                     try); run the code again to ask anew",
+                ))
+            }
+            _ => Ok(run),
+        }
+    }
+
     /// How many runs wait now (expired ones included until the next `keep`).
     pub fn len(&self) -> usize {
         self.lock().len()
@@ -193,6 +291,42 @@ fn new_id() -> Result<String, RunError> {
         )
     })?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The symbols of an approval code: Crockford's base32 (no I, L, O or U), read aloud or
+/// typed without confusion.
+const CODE_SYMBOLS: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+
+/// A fresh approval code: 10 symbols (50 random bits) as `XXXXX-XXXXX`. Short enough for a
+/// person to type into a chat; with one try per run, guessing it is a 2^-50 chance.
+fn approval_code() -> Result<String, RunError> {
+    let mut bytes = [0u8; 10];
+    getrandom::fill(&mut bytes).map_err(|e| {
+        RunError::new(
+            ErrorKind::BackendError,
+            format!("no approval code: the random source failed: {e}"),
+        )
+    })?;
+    let mut code = String::with_capacity(11);
+    for (i, b) in bytes.iter().enumerate() {
+        if i == 5 {
+            code.push('-');
+        }
+        code.push(char::from(CODE_SYMBOLS[usize::from(b & 31)]));
+    }
+    Ok(code)
+}
+
+/// True when `given` is the code `expected`, as a person may type it: any case, with or
+/// without the dash and spaces; compared in constant time.
+fn same_code(expected: &str, given: &str) -> bool {
+    let normal = |s: &str| -> Vec<u8> {
+        s.bytes()
+            .filter(|b| !matches!(b, b'-' | b' '))
+            .map(|b| b.to_ascii_uppercase())
+            .collect()
+    };
+    bool::from(normal(expected).ct_eq(&normal(given)))
 }
 
 /// A result's `status` on the servers: `suspended` when it stopped at a call that waits for
@@ -247,10 +381,7 @@ mod tests {
     fn run(code_bytes: usize) -> SuspendedRun {
         let mut state = state();
         state.code = "x".repeat(code_bytes);
-        SuspendedRun {
-            state,
-            replacements: Vec::new(),
-        }
+        SuspendedRun::new(state, Vec::new())
     }
 
     fn config(max_runs: usize, max_run_bytes: usize, max_total_bytes: usize) -> SuspendedConfig {
@@ -296,6 +427,36 @@ mod tests {
         assert_eq!(full.kind, ErrorKind::Busy, "{}", full.message);
         assert!(store.take(&at).is_some());
         store.keep(run(10_000 - base)).unwrap();
+    }
+
+    /// Issue 37, hole 4: the model's own `approve` needs the person's code; deny does not.
+    #[test]
+    fn a_model_approves_only_with_the_persons_code_and_has_one_try() {
+        let store = SuspendedRuns::default();
+        let approve = Decision::Approve;
+        // No code issued: only deny.
+        let id = store.keep(run(1)).unwrap();
+        let e = store.take_with_code(&id, &approve, Some("x")).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::CapabilityDenied, "{}", e.message);
+        store.take_with_code(&id, &Decision::Deny, None).unwrap();
+        // A code issued: without it the run waits on; with it (as typed) it is taken.
+        let id = store.keep(run(1)).unwrap();
+        let code = store.issue_code(&id).unwrap().unwrap();
+        assert_eq!(code.len(), 11, "{code}");
+        let e = store.take_with_code(&id, &approve, None).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::CapabilityDenied);
+        let typed = code.replace('-', " ").to_lowercase();
+        store.take_with_code(&id, &approve, Some(&typed)).unwrap();
+        // A wrong code ends the run.
+        let id = store.keep(run(1)).unwrap();
+        let code = store.issue_code(&id).unwrap().unwrap();
+        let wrong = if code.starts_with('0') { "1" } else { "0" }.to_owned() + &code[1..];
+        let e = store
+            .take_with_code(&id, &approve, Some(&wrong))
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::CapabilityDenied);
+        assert!(store.take_with_code(&id, &approve, Some(&code)).is_err());
+        assert_eq!(store.issue_code("nope").unwrap(), None);
     }
 
     #[test]

@@ -38,6 +38,7 @@ pub const ATTACKS: &[&str] = &[
     "secret_in_a_redirect",
     "oversized_suspended_state",
     "resume_widens_limits",
+    "model_approves_itself",
     "session_flood",
 ];
 
@@ -63,6 +64,8 @@ pub struct Listening {
     addr: String,
     net: Arc<NetTargets>,
     stop: CancellationToken,
+    /// The approval codes the MCP server showed its person (as `pycage mcp` does on stderr).
+    codes: Arc<Mutex<Vec<String>>>,
     /// The tools file, the token file: alive as long as the server.
     _dir: tempfile::TempDir,
 }
@@ -185,6 +188,7 @@ pub async fn start(server: Server, net: Arc<NetTargets>) -> Result<Listening, St
         .to_string();
     let stop = CancellationToken::new();
     let token = Some(TOKEN.to_owned());
+    let codes = Arc::new(Mutex::new(Vec::new()));
     match server {
         Server::Http => {
             let served = Arc::new(HttpApi::start(&config).await.map_err(|e| e.to_string())?);
@@ -195,11 +199,15 @@ pub async fn start(server: Server, net: Arc<NetTargets>) -> Result<Listening, St
             });
         }
         Server::Mcp => {
-            let tool = Arc::new(
-                PythonTool::start(&config)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            );
+            let shown = codes.clone();
+            let tool = PythonTool::start(&config)
+                .await
+                .map_err(|e| e.to_string())?
+                .with_approval_channel(move |notice| {
+                    let mut shown = shown.lock().unwrap_or_else(|e| e.into_inner());
+                    shown.push(notice.code.clone());
+                });
+            let tool = Arc::new(tool);
             let stopped = stop.clone();
             tokio::spawn(async move {
                 pycage_server::mcp::http::serve(tool, &config.http, token, listener, stopped).await
@@ -211,6 +219,7 @@ pub async fn start(server: Server, net: Arc<NetTargets>) -> Result<Listening, St
         addr,
         net,
         stop,
+        codes,
         _dir: dir,
     })
 }
@@ -247,6 +256,7 @@ pub async fn attack(l: &Listening, name: &str) -> Result<(), String> {
             )
         }
         "resume_widens_limits" => resume_widens(l).await,
+        "model_approves_itself" => approves_itself(l).await,
         "session_flood" => session_flood(l).await,
         other => Err(format!("no attack `{other}`")),
     }
@@ -463,16 +473,68 @@ async fn resume_widens(l: &Listening) -> Result<(), String> {
     let Some(id) = paused["run_id"].as_str() else {
         return Err(format!("the run did not suspend: {}", clip(&whole)));
     };
-    let (done, whole) = call(
-        l,
-        "resume_run",
-        json!({"run_id": id, "decision": "approve"}),
-    )
-    .await?;
+    let (done, whole) = call(l, "resume_run", approval(l, id)).await?;
     Canaries::check_text(&whole, "the answer")?;
     expect(
         done["value"] == 1,
         "1 add after approval (2 calls in all)",
+        &whole,
+    )
+}
+
+/// A person's approval of the run `id`: over HTTP the token the host application holds (the
+/// request carries it); over MCP the code the server showed the person.
+fn approval(l: &Listening, id: &str) -> Value {
+    let code = l
+        .codes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .last()
+        .cloned();
+    match l.server {
+        Server::Http => json!({"run_id": id, "decision": "approve"}),
+        Server::Mcp => json!({"run_id": id, "decision": "approve", "approval_code": code}),
+    }
+}
+
+/// The code's own caller approves the call that waits for a person: over MCP a `resume_run`
+/// with `approve` or a forged `answer` and no code; over HTTP a resume without the token.
+/// Refused, the gated call does not run; the person's approval still goes through.
+async fn approves_itself(l: &Listening) -> Result<(), String> {
+    let code = "r = await echo(text='ran')\nreturn r['text']";
+    let (paused, whole) = run(l, json!({"code": code})).await?;
+    let Some(id) = paused["run_id"].as_str() else {
+        return Err(format!("the run did not suspend: {}", clip(&whole)));
+    };
+    match l.server {
+        Server::Mcp => {
+            for forged in [
+                json!({"run_id": id, "decision": "approve"}),
+                json!({"run_id": id, "decision": "answer", "answer": {"text": "forged"}}),
+            ] {
+                let (refused, whole) = call(l, "resume_run", forged).await?;
+                expect(
+                    refused["error"]["kind"] == "capability_denied",
+                    "capability_denied",
+                    &whole,
+                )?;
+            }
+        }
+        Server::Http => {
+            let r = client()
+                .post(format!("http://{}/v1/runs/{id}/resume", l.addr))
+                .json(&json!({"decision": "approve"}))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = r.status().as_u16();
+            expect(status == 401, "401", &status.to_string())?;
+        }
+    }
+    let (done, whole) = call(l, "resume_run", approval(l, id)).await?;
+    expect(
+        done["value"] == "ran",
+        "the run waited on and the person's approval ran it",
         &whole,
     )
 }

@@ -65,6 +65,71 @@ async fn pycage_mcp_serves_a_real_client_on_stdio() {
     client.cancel().await.unwrap();
 }
 
+/// Issue 37, hole 4: a client that cannot ask its user (no elicitation) gets a suspended
+/// run; the approval code goes to stderr, the client's server log for the person, never to
+/// stdout, where the model reads; with it the model's `resume_run` allows the call.
+#[tokio::test]
+async fn pycage_mcp_shows_the_approval_code_on_stderr_only() {
+    use tokio::io::AsyncBufReadExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("pycage.toml");
+    let policy = "[policy]\nallow = [\"add\", \"echo\"]\napprove = [\"echo\"]\n";
+    std::fs::write(&config, policy).unwrap();
+    let command = tokio::process::Command::new(env!("CARGO_BIN_EXE_pycage")).configure(|c| {
+        c.arg("mcp").arg("--config").arg(&config);
+    });
+    let (transport, stderr) = TokioChildProcess::builder(command)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = tokio::io::BufReader::new(stderr.unwrap()).lines();
+    let client = ().serve(transport).await.unwrap();
+    let paused = client
+        .call_tool(call("r = await echo(text='hi')\nreturn r['text']"))
+        .await
+        .unwrap();
+    let paused_json = serde_json::to_string(&paused).unwrap();
+    let s = paused.structured_content.unwrap();
+    assert_eq!(s["status"], "suspended", "{s:#}");
+    let run_id = s["run_id"].as_str().unwrap().to_owned();
+    let line = loop {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(60), stderr.next_line())
+            .await
+            .expect("a notice on stderr")
+            .unwrap()
+            .expect("stderr open");
+        if line.contains("approval code: ") {
+            break line;
+        }
+    };
+    assert!(
+        line.contains(&run_id) && line.contains("`text.echo`"),
+        "{line}"
+    );
+    let code = line
+        .rsplit("approval code: ")
+        .next()
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert_eq!(code.len(), 11, "{line}");
+    assert!(
+        !paused_json.contains(&code),
+        "the model never sees the code"
+    );
+    let Value::Object(arguments) =
+        json!({"run_id": run_id, "decision": "approve", "approval_code": code})
+    else {
+        unreachable!()
+    };
+    let done = client
+        .call_tool(CallToolRequestParams::new("resume_run").with_arguments(arguments))
+        .await
+        .unwrap();
+    assert_eq!(done.structured_content.unwrap()["value"], "hi");
+    client.cancel().await.unwrap();
+}
+
 #[tokio::test]
 async fn pycage_mcp_refuses_an_unknown_config_key_before_serving() {
     let dir = tempfile::tempdir().unwrap();

@@ -233,11 +233,11 @@ fn tools(out: &mut String, tools: &[ToolSignature], persistence: Persistence) {
             let _ = match persistence {
                 Persistence::OneShot | Persistence::OnRequest => writeln!(
                     out,
-                    "\nA call of it needs a person's approval: the run pauses there and comes \
-                     back `suspended`; once the user has decided, it resumes from its start \
-                     (earlier calls answered as before) and the call returns the tool's result, \
-                     the user's answer, or raises `ToolError` with kind `denied`. In a session \
-                     such a call is always `denied`."
+                    "\nA call of it needs a person's approval: the run pauses there until the \
+                     user decides (it may come back `suspended` meanwhile); then it resumes from \
+                     its start (earlier calls answered as before) and the call returns the \
+                     tool's result, the user's answer, or raises `ToolError` with kind \
+                     `denied`. In a session such a call is always `denied`."
                 ),
                 Persistence::Session => writeln!(
                     out,

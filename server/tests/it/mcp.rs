@@ -6,13 +6,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pycage_server::mcp::McpServer;
-use pycage_server::{PythonTool, ServerConfig};
+use pycage_server::{ApprovalNotice, PythonTool, ServerConfig};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
-    ContentBlock, Implementation, ProgressNotificationParam, Request, ResourceContents,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientConfig,
+    ClientRequest, ContentBlock, ElicitRequestParams, ElicitResult, ElicitationAction,
+    ElicitationCapability, FormElicitationCapability, Implementation, InputResponses,
+    ProgressNotificationParam, ProtocolVersion, Request, ResourceContents,
 };
-use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::service::{
+    ClientLifecycleMode, ClientServiceExt as _, NotificationContext, PeerRequestOptions,
+    RequestContext, RunningService,
+};
+use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
 /// The seed example: five brokered `add` calls.
@@ -22,10 +27,27 @@ const SEED: &str = "total = 0\n\
                         total = r['sum']\n\
                     return total";
 
-/// A client that keeps the progress notifications it receives.
+/// A client that keeps the progress notifications it receives and, when it has a user to
+/// ask (`answer`), declares form elicitation and gives that answer to every question.
 #[derive(Clone, Default)]
 struct Client {
     progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+    /// The user's answer to an elicitation; `None`: the client cannot ask (declares none).
+    answer: Option<ElicitationAction>,
+    /// The protocol the client asks for; `None`: rmcp's newest.
+    protocol: Option<ProtocolVersion>,
+    /// The questions its user was asked.
+    asked: Arc<Mutex<Vec<String>>>,
+}
+
+impl Client {
+    fn asking(answer: ElicitationAction, protocol: Option<ProtocolVersion>) -> Self {
+        Client {
+            answer: Some(answer),
+            protocol,
+            ..Client::default()
+        }
+    }
 }
 
 impl ClientHandler for Client {
@@ -37,11 +59,30 @@ impl ClientHandler for Client {
         self.progress.lock().unwrap().push(params);
     }
 
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        let ElicitRequestParams::FormElicitationParams { message, .. } = request else {
+            panic!("pycage asks with a form");
+        };
+        self.asked.lock().unwrap().push(message);
+        let answer = self.answer.clone().expect("asked a client that cannot ask");
+        Ok(ElicitResult::new(answer))
+    }
+
     fn get_info(&self) -> ClientConfig {
-        ClientConfig::new(
-            ClientCapabilities::default(),
-            Implementation::new("pycage-test", "0"),
-        )
+        let mut capabilities = ClientCapabilities::default();
+        if self.answer.is_some() {
+            capabilities.elicitation =
+                Some(ElicitationCapability::new().with_form(FormElicitationCapability::new()));
+        }
+        let config = ClientConfig::new(capabilities, Implementation::new("pycage-test", "0"));
+        match &self.protocol {
+            Some(version) => config.with_protocol_version(version.clone()),
+            None => config,
+        }
     }
 }
 
@@ -49,11 +90,27 @@ struct Harness {
     tool: Arc<PythonTool>,
     client: RunningService<RoleClient, Client>,
     handler: Client,
+    /// The approval codes the server showed its person.
+    notices: Arc<Mutex<Vec<ApprovalNotice>>>,
 }
 
 async fn serve(toml: &str) -> Harness {
+    serve_as(toml, Client::default(), false).await
+}
+
+/// A server on `toml` for `handler`'s client; with `codes`, the server can show its person an
+/// approval code (as `pycage mcp` does on stderr).
+async fn serve_as(toml: &str, handler: Client, codes: bool) -> Harness {
     let config = ServerConfig::from_toml(toml).unwrap();
-    let tool = Arc::new(PythonTool::start(&config).await.unwrap());
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let mut tool = PythonTool::start(&config).await.unwrap();
+    if codes {
+        let shown = notices.clone();
+        tool = tool.with_approval_channel(move |n: &ApprovalNotice| {
+            shown.lock().unwrap().push(n.clone());
+        });
+    }
+    let tool = Arc::new(tool);
     let (server_io, client_io) = tokio::io::duplex(1 << 20);
     let server = McpServer::new(tool.clone());
     tokio::spawn(async move {
@@ -61,12 +118,25 @@ async fn serve(toml: &str) -> Harness {
             let _ = running.waiting().await;
         }
     });
-    let handler = Client::default();
-    let client = handler.clone().serve(client_io).await.unwrap();
+    // 2026-07-28 and later have no `initialize`: the client starts with `server/discover`.
+    let client = match &handler.protocol {
+        Some(version) if !version.has_initialize() => {
+            let lifecycle = ClientLifecycleMode::Discover {
+                preferred_versions: vec![version.clone()],
+            };
+            handler
+                .clone()
+                .serve_with_lifecycle(client_io, lifecycle)
+                .await
+        }
+        _ => handler.clone().serve(client_io).await,
+    };
+    let client = client.unwrap();
     Harness {
         tool,
         client,
         handler,
+        notices,
     }
 }
 
@@ -486,9 +556,17 @@ async fn a_session_made_with_its_own_limits_keeps_them() {
     assert_eq!(error_kind(&bad), Some("invalid_input"));
 }
 
+/// The code of the approval tests: `echo` waits for a person; it returns what echo gave, or
+/// the kind of the ToolError the code got.
+const GATED: &str = "r = await add(a=1, b=2)\ntry:\n    e = await echo(text=str(r['sum']))\n\
+                     except ToolError as x:\n    e = x.kind\nreturn e";
+const APPROVE_ECHO: &str = "[policy]\nallow = [\"add\", \"echo\"]\napprove = [\"echo\"]";
+
+/// A client that cannot ask its user: the run comes back suspended; the model may deny it,
+/// and approve it only with the code the server showed the person.
 #[tokio::test]
 async fn a_call_that_needs_approval_suspends_and_resume_run_finishes_it() {
-    let h = serve("[policy]\nallow = [\"add\", \"echo\"]\napprove = [\"echo\"]").await;
+    let h = serve_as(APPROVE_ECHO, Client::default(), true).await;
     let tools = h.client.list_all_tools().await.unwrap();
     let resume = tools.iter().find(|t| t.name == "resume_run").unwrap();
     assert_eq!(
@@ -501,14 +579,17 @@ async fn a_call_that_needs_approval_suspends_and_resume_run_finishes_it() {
         description.contains("needs a person's approval"),
         "{description}"
     );
-    let code = "r = await add(a=1, b=2)\ntry:\n    e = await echo(text=str(r['sum']))\n\
-                except ToolError as x:\n    e = x.kind\nreturn e";
-    let paused = call(&h, "run_python", json!({"code": code})).await;
+    let paused = call(&h, "run_python", json!({"code": GATED})).await;
     let s = structured(&paused);
     assert_eq!(s["status"], "suspended", "{s:#}");
     assert_eq!(s["pending"]["tool"], "text.echo");
-    assert!(text(&paused).contains("resume_run"), "{}", text(&paused));
+    assert!(text(&paused).contains("approval_code"), "{}", text(&paused));
     let id = s["run_id"].as_str().unwrap().to_owned();
+    let code = h.notices.lock().unwrap()[0].code.clone();
+    assert!(
+        !text(&paused).contains(&code),
+        "the model never sees the code"
+    );
 
     let done = call(&h, "resume_run", json!({"run_id": id, "decision": "deny"})).await;
     assert_eq!(done.is_error, Some(false), "{}", text(&done));
@@ -517,19 +598,20 @@ async fn a_call_that_needs_approval_suspends_and_resume_run_finishes_it() {
     let spent = call(
         &h,
         "resume_run",
-        json!({"run_id": id, "decision": "approve"}),
+        json!({"run_id": id, "decision": "approve", "approval_code": code}),
     )
     .await;
     assert_eq!(error_kind(&spent), Some("invalid_input"));
 
-    let id = structured(&call(&h, "run_python", json!({"code": code})).await)["run_id"]
+    let id = structured(&call(&h, "run_python", json!({"code": GATED})).await)["run_id"]
         .as_str()
         .unwrap()
         .to_owned();
+    let code = h.notices.lock().unwrap()[1].code.clone();
     let done = call(
         &h,
         "resume_run",
-        json!({"run_id": id, "decision": "approve"}),
+        json!({"run_id": id, "decision": "approve", "approval_code": code}),
     )
     .await;
     assert_eq!(
@@ -537,6 +619,145 @@ async fn a_call_that_needs_approval_suspends_and_resume_run_finishes_it() {
         json!({"text": "3"}),
         "{}",
         text(&done)
+    );
+}
+
+/// Issue 37, hole 4: `resume_run` is a tool the model calls, so its own `approve` (or a
+/// forged `answer`) must not go through: without the person's code it is refused and the
+/// gated call never runs; a wrong code ends the run; a server with no channel to the person
+/// can only deny.
+#[tokio::test]
+async fn the_model_cannot_approve_its_own_gated_call() {
+    let gated = "await echo(text='secret')\nreturn 'echo ran'";
+    for codes in [true, false] {
+        let h = serve_as(APPROVE_ECHO, Client::default(), codes).await;
+        let paused = call(&h, "run_python", json!({"code": gated})).await;
+        let id = structured(&paused)["run_id"].as_str().unwrap().to_owned();
+        for forged in [
+            json!({"run_id": id, "decision": "approve"}),
+            json!({"run_id": id, "decision": "answer", "answer": {"text": "forged"}}),
+        ] {
+            let r = call(&h, "resume_run", forged).await;
+            assert_eq!(error_kind(&r), Some("capability_denied"), "{}", text(&r));
+            assert_ne!(structured(&r)["value"], "echo ran");
+        }
+        if codes {
+            // Without a code the run waits on; a wrong one ends it.
+            let real = h.notices.lock().unwrap()[0].code.clone();
+            let wrong = if real.starts_with('0') { "1" } else { "0" }.to_owned() + &real[1..];
+            let r = call(
+                &h,
+                "resume_run",
+                json!({"run_id": id, "decision": "approve", "approval_code": wrong}),
+            )
+            .await;
+            assert_eq!(error_kind(&r), Some("capability_denied"), "{}", text(&r));
+            let r = call(
+                &h,
+                "resume_run",
+                json!({"run_id": id, "decision": "approve", "approval_code": real}),
+            )
+            .await;
+            assert_eq!(error_kind(&r), Some("invalid_input"), "{}", text(&r));
+        } else {
+            assert!(
+                text(&paused).contains("cannot be approved here"),
+                "{}",
+                text(&paused)
+            );
+            let r = call(&h, "resume_run", json!({"run_id": id, "decision": "deny"})).await;
+            assert_ne!(structured(&r)["value"], "echo ran");
+            assert!(
+                text(&r).contains("denied"),
+                "the code got the denial: {}",
+                text(&r)
+            );
+        }
+    }
+}
+
+/// A client that can ask its user puts the question to the person and the run finishes in
+/// the same tool call: by `elicitation/create` on a protocol before 2026-07-28, by an
+/// `input_required` result and a retry on 2026-07-28 (rmcp's client retries on its own).
+#[tokio::test]
+async fn a_client_that_can_ask_its_user_settles_the_call_in_one_tool_call() {
+    for protocol in [
+        Some(ProtocolVersion::V_2026_07_28),
+        Some(ProtocolVersion::V_2025_11_25),
+        Some(ProtocolVersion::V_2025_06_18),
+    ] {
+        for (answer, value) in [
+            (ElicitationAction::Accept, json!({"text": "3"})),
+            (ElicitationAction::Decline, json!("denied")),
+            (ElicitationAction::Cancel, json!("denied")),
+        ] {
+            let client = Client::asking(answer.clone(), protocol.clone());
+            let h = serve_as(APPROVE_ECHO, client, true).await;
+            let done = call(&h, "run_python", json!({"code": GATED})).await;
+            let s = structured(&done);
+            assert_eq!(s["status"], "completed", "{protocol:?} {answer:?}: {s:#}");
+            assert_eq!(s["value"], value, "{protocol:?} {answer:?}");
+            let asked = h.handler.asked.lock().unwrap().clone();
+            assert_eq!(asked.len(), 1, "{asked:?}");
+            assert!(asked[0].contains("`text.echo`"), "{asked:?}");
+            assert!(
+                h.notices.lock().unwrap().is_empty(),
+                "no code where the user is asked"
+            );
+        }
+    }
+}
+
+/// A retry's `requestState` is the client's to send: one that names a run but not the
+/// question's one-time code ends the run instead of approving it.
+#[tokio::test]
+async fn a_forged_retry_does_not_approve() {
+    let client = Client::asking(
+        ElicitationAction::Accept,
+        Some(ProtocolVersion::V_2026_07_28),
+    );
+    let h = serve_as(APPROVE_ECHO, client, false).await;
+    let first = h
+        .client
+        .call_tool_once(params("run_python", json!({"code": GATED})))
+        .await
+        .unwrap();
+    let CallToolResponse::InputRequired(asked) = first else {
+        panic!("expected input_required, got {first:?}");
+    };
+    let state = asked.request_state.unwrap();
+    let (run_id, _code) = state.split_once('.').unwrap();
+    let accept: InputResponses = [("approval".to_owned(), json!({"action": "accept"}))]
+        .into_iter()
+        .collect();
+    let retry = |state: String| {
+        params("run_python", json!({"code": GATED}))
+            .with_input_responses(accept.clone())
+            .with_request_state(state)
+    };
+    let forged = h
+        .client
+        .call_tool_once(retry(format!("{run_id}.AAAAA-AAAAA")))
+        .await
+        .unwrap();
+    let CallToolResponse::Complete(forged) = forged else {
+        panic!("expected a result, got {forged:?}");
+    };
+    assert_eq!(
+        error_kind(&forged),
+        Some("capability_denied"),
+        "{}",
+        text(&forged)
+    );
+    let late = h.client.call_tool_once(retry(state)).await.unwrap();
+    let CallToolResponse::Complete(late) = late else {
+        panic!("expected a result, got {late:?}");
+    };
+    assert_eq!(
+        error_kind(&late),
+        Some("invalid_input"),
+        "the run is over: {}",
+        text(&late)
     );
 }
 
@@ -581,9 +802,11 @@ async fn net_allow_narrows_fetch_for_one_call_and_cannot_widen_it() {
 /// a run whose state is too big to keep fails as `tool_call_limit` instead of waiting.
 #[tokio::test]
 async fn a_resumed_run_keeps_its_limits_and_an_oversized_one_is_not_kept() {
-    let h = serve(
+    let h = serve_as(
         "[policy]\nallow = [\"add\", \"echo\"]\napprove = [\"echo\"]\n\
          [limits]\nmax_tool_calls = 50\n[suspended]\nmax_run_bytes = 100000\n",
+        Client::default(),
+        true,
     )
     .await;
     let code = "await echo(text='go')\nn = 0\n\
@@ -592,10 +815,11 @@ async fn a_resumed_run_keeps_its_limits_and_an_oversized_one_is_not_kept() {
     for (limits, expected) in [(json!({}), 5), (json!({"max_tool_calls": 3}), 2)] {
         let paused = call(&h, "run_python", json!({"code": code, "limits": limits})).await;
         let id = structured(&paused)["run_id"].as_str().unwrap().to_owned();
+        let approval_code = h.notices.lock().unwrap().last().unwrap().code.clone();
         let done = call(
             &h,
             "resume_run",
-            json!({"run_id": id, "decision": "approve"}),
+            json!({"run_id": id, "decision": "approve", "approval_code": approval_code}),
         )
         .await;
         assert_eq!(structured(&done)["value"], expected, "{}", text(&done));
