@@ -45,6 +45,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::clamp::Clamped;
+use crate::reply::Reply;
 use crate::{ServerConfig, StartError};
 
 mod metrics;
@@ -176,7 +178,7 @@ impl HttpApi {
 
     /// The request's limits: the server's defaults with what `asked` names, each lowered to
     /// the maxima; the fields that were lowered.
-    fn limits(&self, asked: Option<&Value>) -> Result<(Limits, Vec<&'static str>), ApiError> {
+    fn limits(&self, asked: Option<&Value>) -> Result<(Limits, Vec<Clamped>), ApiError> {
         let invalid = |message: String| {
             ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_limits", message)
         };
@@ -192,10 +194,20 @@ impl HttpApi {
         let builder: LimitsBuilder = serde_json::from_value(Value::Object(merged))
             .map_err(|e| invalid(format!("`limits`: {e}")))?;
         let mut builder = builder;
-        let clamped = builder.clamp_to(&self.maxima);
+        let lowered = builder.clamp_to(&self.maxima);
         let limits = builder
             .build()
             .map_err(|e| invalid(format!("`limits`: {e}")))?;
+        // What each lowered field asked for and got, in the request's own units.
+        let got = serde_json::to_value(&limits).unwrap_or_default();
+        let clamped = lowered
+            .into_iter()
+            .map(|field| Clamped {
+                field,
+                asked: asked.get(field).cloned().unwrap_or_default(),
+                got: got.get(field).cloned().unwrap_or_default(),
+            })
+            .collect();
         Ok((limits, clamped))
     }
 
@@ -336,11 +348,7 @@ fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
 
 /// A run's request, what was clamped, and the tools that replace exposed ones for it (kept
 /// with the run if it suspends, for its resume).
-type Prepared = (
-    RunRequest,
-    Vec<&'static str>,
-    Vec<Arc<dyn pycage_tools::Tool>>,
-);
+type Prepared = (RunRequest, Vec<Clamped>, Vec<Arc<dyn pycage_tools::Tool>>);
 
 fn request(api: &HttpApi, body: RunBody) -> Result<Prepared, ApiError> {
     let (limits, clamped) = api.limits(body.limits.as_ref())?;
@@ -365,13 +373,13 @@ fn request(api: &HttpApi, body: RunBody) -> Result<Prepared, ApiError> {
     Ok((request, clamped, replacements))
 }
 
-/// A run's response: a 200 with the result (ok or not), its `status` and `clamped`, or the
-/// status of an error the request caused before any code ran. A suspended run is kept for
-/// its resume, under the `run_id` the body gives.
+/// A run's response: a 200 with the result (ok or not) as [`Reply::body`], or the status
+/// of an error the request caused before any code ran. A suspended run is kept for its
+/// resume, under the `run_id` the body gives.
 fn respond(
     api: &HttpApi,
-    mut result: RunResult,
-    clamped: &[&'static str],
+    result: RunResult,
+    clamped: Vec<Clamped>,
     session: Option<&SessionId>,
     replacements: Vec<Arc<dyn pycage_tools::Tool>>,
 ) -> Response {
@@ -380,39 +388,18 @@ fn respond(
     {
         return ApiError::of_run(error).into_response();
     }
-    let suspended = result.suspended.take();
-    result.journal = None;
-    let Ok(Value::Object(mut body)) = serde_json::to_value(&result) else {
-        return ApiError::internal("the result does not serialize").into_response();
+    let settled = Reply::settle(
+        &api.suspended,
+        result,
+        clamped,
+        session.cloned(),
+        replacements,
+    );
+    let reply = match settled {
+        Ok(reply) => reply,
+        Err(busy) => return ApiError::of_run(&busy).into_response(),
     };
-    let status = crate::suspended::status(suspended.is_some(), result.ok);
-    body.insert("status".into(), json!(status));
-    if let Some(state) = suspended {
-        body.insert("pending".into(), json!(state.pending));
-        match api
-            .suspended
-            .keep(crate::suspended::SuspendedRun::new(state, replacements))
-        {
-            Ok(id) => {
-                body.insert("run_id".into(), json!(id));
-            }
-            Err(error) if error.kind == ErrorKind::Busy => {
-                return ApiError::of_run(&error).into_response();
-            }
-            // Too big to keep: the run's own outcome, like any other limit it hit.
-            Err(error) => {
-                body.insert("ok".into(), json!(false));
-                body.insert("status".into(), json!("failed"));
-                body.remove("pending");
-                body.insert("error".into(), json!(error));
-            }
-        }
-    }
-    body.insert("clamped".into(), json!(clamped));
-    if let Some(id) = session {
-        body.insert("session_id".into(), json!(id.as_str()));
-    }
-    let mut response = Json(Value::Object(body)).into_response();
+    let mut response = Json(Value::Object(reply.body(true))).into_response();
     if let Some(id) = session {
         name_session(&mut response, id);
     }
@@ -473,7 +460,7 @@ async fn run(
     let _permits = api.admit().await?;
     let result = api.runner.run_request(request).await;
     api.record(&result);
-    Ok(respond(&api, result, &clamped, None, replacements))
+    Ok(respond(&api, result, clamped, None, replacements))
 }
 
 /// The body of `POST /v1/runs/{id}/resume`.
@@ -530,7 +517,7 @@ async fn resume(
         .resume_with(run.state, decision, run.replacements)
         .await;
     api.record(&result);
-    Ok(respond(&api, result, &[], None, replacements))
+    Ok(respond(&api, result, Vec::new(), None, replacements))
 }
 
 #[utoipa::path(
@@ -627,7 +614,7 @@ async fn in_session(
     let _permits = api.admit().await?;
     let result = api.sessions()?.run(&id, request).await;
     api.record(&result);
-    Ok(respond(api, result, &clamped, Some(&id), replacements))
+    Ok(respond(api, result, clamped, Some(&id), replacements))
 }
 
 #[utoipa::path(

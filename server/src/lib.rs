@@ -13,6 +13,7 @@ pub mod http;
 mod listener;
 pub mod mcp;
 pub mod python;
+pub mod reply;
 mod sandbox;
 pub mod schema;
 pub mod suspended;

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use pycage::journal::PendingCall;
 use pycage::{
     Decision, Description, ErrorKind, InputFile, Limits, OutputFile, Persistence, RunError,
     RunRequest, RunResult, Runner, SessionId, SessionManager,
@@ -17,6 +16,8 @@ use tokio::sync::Semaphore;
 
 use crate::clamp::{self, Clamped};
 use crate::config::ServerConfig;
+pub use crate::reply::PendingApproval;
+use crate::reply::Reply;
 use crate::schema;
 
 /// The tool's name.
@@ -84,35 +85,6 @@ pub struct ToolOutput {
     /// The call a suspended run waits at, for a person to decide (see
     /// [`PythonTool::decide`]); `None` for a run that ended.
     pub pending: Option<PendingApproval>,
-}
-
-/// A run suspended at a call that waits for a person's decision.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct PendingApproval {
-    /// The run's id, for [`PythonTool::decide`].
-    pub run_id: String,
-    /// The call that waits.
-    pub call: PendingCall,
-}
-
-impl PendingApproval {
-    /// What a person is asked: the call, its tool and arguments.
-    pub fn question(&self) -> String {
-        /// How much of the arguments a person is shown: enough to judge a call, not a
-        /// megabyte of them in a dialog or a log line.
-        const SHOWN: usize = 2_000;
-        let mut args = Value::Object(self.call.args.clone()).to_string();
-        if args.len() > SHOWN {
-            let total = args.len();
-            args.truncate(args.floor_char_boundary(SHOWN));
-            args.push_str(&format!("… ({total} bytes in all)"));
-        }
-        format!(
-            "Code a model wrote wants to call `{}` with {args}. Allow this call?",
-            self.call.tool,
-        )
-    }
 }
 
 /// A run waiting for a person whose client cannot be asked: the code that approves it, for
@@ -478,31 +450,24 @@ impl PythonTool {
         self.render(result, None, &[], replacements)
     }
 
-    /// A result as `run_python` renders it; a suspended one is kept for `resume_run`, and its
-    /// text says how to resume it.
+    /// A result as `run_python` renders it; a suspended one is kept for `resume_run`.
     fn render(
         &self,
-        mut result: RunResult,
+        result: RunResult,
         session: Option<&SessionId>,
         clamped: &[Clamped],
         replacements: Vec<Arc<dyn pycage_tools::Tool>>,
     ) -> ToolOutput {
-        result.journal = None;
-        let Some(state) = result.suspended.take() else {
-            return render(result, session, clamped, None);
-        };
-        let call = state.pending.clone();
-        match self
-            .suspended
-            .keep(crate::suspended::SuspendedRun::new(state, replacements))
-        {
-            Ok(run_id) => render(
-                result,
-                session,
-                clamped,
-                Some(PendingApproval { run_id, call }),
-            ),
-            Err(error) => self.failed(&error),
+        let settled = Reply::settle(
+            &self.suspended,
+            result,
+            clamped.to_vec(),
+            session.cloned(),
+            replacements,
+        );
+        match settled {
+            Ok(reply) => output(reply),
+            Err(busy) => self.failed(&busy),
         }
     }
 
@@ -589,13 +554,7 @@ impl PythonTool {
 
     /// A failure as `run_python` renders it: the shape of its output schema.
     fn failed(&self, error: &RunError) -> ToolOutput {
-        let backend = self.runner.backend().name();
-        render(
-            RunResult::failed(backend, error.clone(), Duration::ZERO),
-            None,
-            &[],
-            None,
-        )
+        output(Reply::failed(self.runner.backend().name(), error.clone()))
     }
 
     /// A run slot, waiting at most the queue timeout.
@@ -660,18 +619,15 @@ struct Call {
     replacements: Vec<Arc<dyn pycage_tools::Tool>>,
 }
 
-fn render(
-    result: RunResult,
-    session: Option<&SessionId>,
-    clamped: &[Clamped],
-    suspended: Option<PendingApproval>,
-) -> ToolOutput {
-    let mut text = result.for_model();
-    if let Some(note) = clamp::note(clamped) {
+/// A reply as `run_python`'s output: the text for the model (the result, what was
+/// clamped, the call a paused run waits at), the structured reply, and the files.
+fn output(reply: Reply) -> ToolOutput {
+    let mut text = reply.result.for_model();
+    if let Some(note) = clamp::note(&reply.clamped) {
         text.push_str(&note);
         text.push('\n');
     }
-    if let Some(pending) = &suspended {
+    if let Some(pending) = &reply.pending {
         text.push_str(&format!(
             "The run is paused (run_id \"{}\"): its tool call {} (`{}` with {}) waits for a \
              person's approval.\n",
@@ -681,41 +637,13 @@ fn render(
             Value::Object(pending.call.args.clone()),
         ));
     }
-    let status = crate::suspended::status(suspended.is_some(), result.ok);
-    let run_id = suspended.as_ref().map(|p| p.run_id.as_str());
-    let pending_call = suspended.as_ref().map(|p| &p.call);
-    let files: Vec<Value> = result
-        .files
-        .iter()
-        .map(|f| json!({"path": f.path, "size": f.size, "returned": f.bytes.is_some()}))
-        .collect();
-    let structured = json!({
-        "ok": result.ok,
-        "value": result.value,
-        "stdout": result.stdout,
-        "stderr": result.stderr,
-        "stdout_truncated": result.stdout_truncated,
-        "stderr_truncated": result.stderr_truncated,
-        "error": result.error,
-        "tool_calls": result.tool_calls,
-        "fuel_consumed": result.fuel_consumed,
-        "duration_ms": result.duration.as_secs_f64() * 1000.0,
-        "timed_out": result.timed_out,
-        "backend": result.backend,
-        "files": files,
-        "session_id": session.map(SessionId::as_str),
-        "session_ended": result.session_ended,
-        "clamped": clamped,
-        "status": status,
-        "run_id": run_id,
-        "pending": pending_call,
-    });
+    let structured = Value::Object(reply.body(false));
     ToolOutput {
         structured,
         text,
-        is_error: !result.ok,
-        files: result.files,
-        pending: suspended,
+        is_error: !reply.result.ok,
+        files: reply.result.files,
+        pending: reply.pending,
     }
 }
 

@@ -33,26 +33,31 @@ fn a_session_id_is_a_string_or_absent() {
 
 #[test]
 fn a_result_renders_to_the_output_schema_shape() {
+    let schema = crate::schema::run_output();
+    let properties: std::collections::BTreeSet<&str> = schema["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let store = crate::SuspendedRuns::default();
     let result = RunResult::builder("wasm", Ok(json!(15))).build();
-    let out = render(result, None, &[], None);
+    let out = output(Reply::settle(&store, result, Vec::new(), None, Vec::new()).unwrap());
     assert!(!out.is_error);
-    let required = crate::schema::run_output()["required"].clone();
-    for key in required.as_array().unwrap() {
-        let key = key.as_str().unwrap();
-        assert!(out.structured.get(key).is_some(), "{key} missing");
-    }
     assert_eq!(out.structured["value"], 15);
     assert_eq!(out.text, "ok\nvalue: 15\n");
     let error = RunError::new(ErrorKind::Busy, "full");
-    let failed = render(
-        RunResult::failed("wasm", error, Duration::ZERO),
-        None,
-        &[],
-        None,
-    );
+    let failed = output(Reply::failed("wasm", error));
     assert!(failed.is_error);
     assert_eq!(failed.structured["error"]["kind"], "busy");
-    for key in required.as_array().unwrap() {
-        assert!(failed.structured.get(key.as_str().unwrap()).is_some());
+    for out in [out, failed] {
+        let keys: std::collections::BTreeSet<&str> = out
+            .structured
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys, properties, "every field, and only the schema's");
     }
 }

@@ -156,7 +156,7 @@ pub fn run_output() -> Value {
             },
             "tool_calls": {"type": "integer"},
             "fuel_consumed": nullable("integer"),
-            "duration_ms": {"type": "number"},
+            "duration": {"type": "number", "description": "Milliseconds, from the call to the result."},
             "timed_out": {"type": "boolean"},
             "backend": {"type": "string"},
             "files": {
@@ -175,7 +175,7 @@ pub fn run_output() -> Value {
             "session_ended": {"type": "boolean"},
             "status": {
                 "enum": ["completed", "failed", "suspended"],
-                "description": "`suspended`: a tool call waits for a person's approval; resume it with `resume_run` and `run_id`.",
+                "description": "`suspended`: a tool call waits for a person's approval (see the text for what you may do).",
             },
             "run_id": nullable("string"),
             "pending": {
@@ -200,6 +200,6 @@ pub fn run_output() -> Value {
                 },
             },
         },
-        "required": ["ok", "value", "stdout", "stderr", "error", "tool_calls", "duration_ms", "files"],
+        "required": ["ok", "value", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "error", "tool_calls", "fuel_consumed", "duration", "timed_out", "backend", "files", "session_id", "session_ended", "status", "run_id", "pending", "clamped"],
     })
 }

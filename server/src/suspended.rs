@@ -281,15 +281,21 @@ impl SuspendedRuns {
     }
 }
 
-/// A fresh run id: 128 random bits, hex.
-fn new_id() -> Result<String, RunError> {
-    let mut bytes = [0u8; 16];
+/// `N` bytes from the system's random source, for `what`.
+fn random<const N: usize>(what: &str) -> Result<[u8; N], RunError> {
+    let mut bytes = [0u8; N];
     getrandom::fill(&mut bytes).map_err(|e| {
         RunError::new(
             ErrorKind::BackendError,
-            format!("no id for the suspended run: the random source failed: {e}"),
+            format!("no {what}: the random source failed: {e}"),
         )
     })?;
+    Ok(bytes)
+}
+
+/// A fresh run id: 128 random bits, hex.
+fn new_id() -> Result<String, RunError> {
+    let bytes = random::<16>("id for the suspended run")?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
@@ -298,15 +304,11 @@ fn new_id() -> Result<String, RunError> {
 const CODE_SYMBOLS: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 
 /// A fresh approval code: 10 symbols (50 random bits) as `XXXXX-XXXXX`. Short enough for a
-/// person to type into a chat; with one try per run, guessing it is a 2^-50 chance.
+/// person to type into a chat; with one try per run, guessing it is a 2^-50 chance. (Ten
+/// lines by hand rather than a base32 crate: the symbols are whole bytes' low 5 bits, not a
+/// bit stream, and the dash is ours.)
 fn approval_code() -> Result<String, RunError> {
-    let mut bytes = [0u8; 10];
-    getrandom::fill(&mut bytes).map_err(|e| {
-        RunError::new(
-            ErrorKind::BackendError,
-            format!("no approval code: the random source failed: {e}"),
-        )
-    })?;
+    let bytes = random::<10>("approval code")?;
     let mut code = String::with_capacity(11);
     for (i, b) in bytes.iter().enumerate() {
         if i == 5 {

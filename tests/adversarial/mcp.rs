@@ -44,12 +44,16 @@ pub async fn run(
     let Some(Value::Object(mut structured)) = response.structured_content else {
         return Err(format!("no structuredContent in {whole}"));
     };
-    // The library's field names: `duration_ms` is `RunResult::duration`; the rest that the
-    // server adds (files as listed, the session, clamping) the cases do not use.
-    if let Some(ms) = structured.remove("duration_ms") {
-        structured.insert("duration".into(), ms);
-    }
-    for extra in ["files", "session_id", "clamped", "session_ended"] {
+    // The library's field names; what the server adds (files as listed, the session,
+    // clamping, the status) the cases do not use.
+    for extra in [
+        "files",
+        "session_id",
+        "clamped",
+        "status",
+        "run_id",
+        "pending",
+    ] {
         structured.remove(extra);
     }
     let result: RunResult = serde_json::from_value(Value::Object(structured))

@@ -89,11 +89,26 @@ pub(super) struct RunError {
 pub(super) struct OutputFile {
     path: String,
     size: u64,
+    /// Its bytes are in `bytes` (false past `max_returned_bytes`).
+    returned: bool,
     /// Base64; null past `max_returned_bytes`.
     bytes: Option<String>,
 }
 
-/// A run's result: the library's `RunResult` JSON, plus `clamped` (and `session_id` in a
+/// A `limits` field the server lowered to its maximum.
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Clamped {
+    /// The field of the request's `limits`.
+    field: String,
+    /// What the request asked for.
+    asked: Value,
+    /// What it got (the maximum).
+    got: Value,
+}
+
+/// A run's result, the same shape as MCP's `structuredContent` (with each file's `bytes`):
+/// the library's `RunResult` JSON, plus `clamped` (and `session_id` in a
 /// session). `ok: false` with an `error` is the code's own failure.
 #[derive(ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -113,10 +128,10 @@ pub(super) struct RunResult {
     backend: String,
     timed_out: bool,
     files: Vec<OutputFile>,
-    /// Present (true) when this run ended its session.
-    session_ended: Option<bool>,
+    /// True when this run ended its session.
+    session_ended: bool,
     /// The `limits` fields lowered to the server's maxima.
-    clamped: Vec<String>,
+    clamped: Vec<Clamped>,
     session_id: Option<String>,
     /// `completed`, `failed`, or `suspended` (at a call that waits for approval).
     status: String,
@@ -183,7 +198,7 @@ pub(super) struct SessionCreated {
     /// The session closes after this long in any case.
     max_lifetime_seconds: f64,
     limits: Limits,
-    clamped: Vec<String>,
+    clamped: Vec<Clamped>,
 }
 
 #[derive(ToSchema)]
@@ -238,6 +253,7 @@ and cross-site requests). A body must arrive whole within `[http] body_read_time
         RunInput,
         RunError,
         OutputFile,
+        Clamped,
         RunResult,
         PendingCall,
         ResumeInput,

@@ -59,6 +59,11 @@ impl Served {
     }
 }
 
+fn out_file_returned(body: &Value, path: &str) -> Value {
+    let files = body["files"].as_array().unwrap();
+    files.iter().find(|f| f["path"] == path).unwrap()["returned"].clone()
+}
+
 fn kind(body: &Value) -> &str {
     body["error"]["kind"].as_str().unwrap_or("")
 }
@@ -86,7 +91,15 @@ async fn a_run_returns_the_result_with_files_and_what_was_clamped() {
     assert_eq!(r["value"], json!({"sum": 42}));
     assert_eq!(r["stdout"], json!("hello\n"));
     assert_eq!(r["tool_calls"], json!(1));
-    assert_eq!(r["clamped"], json!(["wall_timeout"]), "{r:#}");
+    let clamped = r["clamped"].as_array().unwrap();
+    assert_eq!(clamped.len(), 1, "{r:#}");
+    assert_eq!(
+        (&clamped[0]["field"], &clamped[0]["asked"]),
+        (&json!("wall_timeout"), &json!("1h")),
+        "{r:#}"
+    );
+    assert!(!clamped[0]["got"].is_null(), "{r:#}");
+    assert_eq!(out_file_returned(&r, "out.bin"), json!(true));
     let out = r["files"].as_array().unwrap();
     let out = out.iter().find(|f| f["path"] == json!("out.bin")).unwrap();
     assert_eq!(
@@ -915,7 +928,7 @@ async fn suspended_runs_are_bounded_in_bytes() {
     assert_eq!(status, StatusCode::OK, "{r:#}");
     assert_eq!(r["status"], "failed", "{r:#}");
     assert_eq!(r["error"]["kind"], "tool_call_limit", "{r:#}");
-    assert!(r.get("run_id").is_none(), "{r:#}");
+    assert!(r["run_id"].is_null(), "{r:#}");
     // 3 of 20 KiB (about 120,000 bytes) are kept; the store holds four such, not five.
     for n in 0..4 {
         let (status, r) = s.post("/v1/runs", json!({"code": code(20)})).await;
