@@ -135,8 +135,8 @@ pub struct RunsConfig {
     /// How often a long run reports progress (default 1 s).
     #[serde(with = "pycage_tools::units::duration_text")]
     pub progress_interval: Duration,
-    /// `pycage serve`: how many runs may wait for a slot beyond `max_concurrent` before
-    /// more are refused at once with 429 (default: 16 per core).
+    /// How many runs may wait for a slot beyond `max_concurrent` before more are refused
+    /// at once as busy (429 over HTTP; default: 16 per core).
     pub max_queued: Option<usize>,
 }
 

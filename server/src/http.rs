@@ -28,7 +28,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
@@ -43,10 +42,10 @@ use pycage::{
 };
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::clamp::Clamped;
 use crate::reply::Reply;
+use crate::service::{Admission, Refusal, Service};
 use crate::{ServerConfig, StartError};
 
 mod metrics;
@@ -63,23 +62,11 @@ const RETRY_AFTER_SECONDS: u64 = 1;
 /// `Arc` (see [`router`]).
 #[derive(Debug)]
 pub struct HttpApi {
-    runner: Runner,
-    sessions: Option<Arc<SessionManager>>,
+    /// The runner, sessions, suspended runs and admission both servers share.
+    service: Service,
     description: Description,
     defaults: Limits,
-    maxima: Limits,
-    /// Admission: one permit per run that may be running or waiting for a slot.
-    admitted: Arc<Semaphore>,
-    /// The admission semaphore's size: runs at once plus runs that may wait.
-    capacity: usize,
-    slots: Arc<Semaphore>,
-    max_concurrent: usize,
-    draining: AtomicBool,
     metrics: Arc<metrics::Metrics>,
-    /// Runs suspended at a call that waits for approval, until resumed.
-    suspended: crate::SuspendedRuns,
-    /// The `[net]` table's `net.fetch`, which a run's `net_allow` narrows.
-    fetch: Option<pycage_tools::net::FetchTool>,
 }
 
 impl HttpApi {
@@ -108,72 +95,40 @@ impl HttpApi {
     ) -> Result<Self, StartError> {
         let metrics = Arc::new(metrics::Metrics::new());
         let runner = runner.observed_by(metrics.clone());
-        let sessions = crate::sandbox::sessions(&runner, config)?;
-        let description = runner
+        let service = Service::new(runner, config, maxima)?;
+        let description = service
+            .runner
             .description()
-            .session(sessions.is_some())
+            .session(service.sessions.is_some())
             .build()
             .await
             .map_err(StartError::Describe)?;
-        let max_concurrent = config.runs.max_concurrent;
-        let admitted = max_concurrent.saturating_add(config.runs.max_queued());
-        let fetch = crate::sandbox::fetch_tool(config).map_err(StartError::Sandbox)?;
         Ok(HttpApi {
-            runner,
-            sessions,
+            service,
             description,
             defaults,
-            maxima,
-            admitted: Arc::new(Semaphore::new(admitted)),
-            capacity: admitted,
-            slots: Arc::new(Semaphore::new(max_concurrent)),
-            max_concurrent,
-            draining: AtomicBool::new(false),
             metrics,
-            suspended: crate::SuspendedRuns::new(config.suspended.clone()),
-            fetch,
         })
     }
 
-    /// Stops accepting runs: `/readyz` turns false and new runs get 503.
+    /// Stops admitting runs (each new one gets 503); those admitted finish.
     pub fn drain(&self) {
-        self.draining.store(true, Ordering::SeqCst);
+        self.service.drain();
     }
 
     /// True once [`drain`](Self::drain) was called.
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
+        self.service.is_draining()
     }
 
     /// Runs admitted now (running or waiting for a slot).
     pub fn runs_admitted(&self) -> usize {
-        self.capacity
-            .saturating_sub(self.admitted.available_permits())
+        self.service.runs_admitted()
     }
 
-    /// Admits one run and waits for its slot; the permits are held for the run's length.
-    async fn admit(&self) -> Result<(OwnedSemaphorePermit, OwnedSemaphorePermit), ApiError> {
-        if self.is_draining() {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "draining",
-                "the server is shutting down and takes no new runs",
-            ));
-        }
-        let admitted = self.admitted.clone().try_acquire_owned().map_err(|_| {
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "busy",
-                "every run slot is taken and the wait queue is full; retry shortly",
-            )
-        })?;
-        let slot = self
-            .slots
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| ApiError::internal("the run slots are closed"))?;
-        Ok((admitted, slot))
+    /// Admits one run (see [`Service::admit`]); the admission is held for the run's length.
+    async fn admit(&self) -> Result<Admission, ApiError> {
+        self.service.admit().await.map_err(ApiError::refused)
     }
 
     /// The request's limits: the server's defaults with what `asked` names, each lowered to
@@ -194,7 +149,7 @@ impl HttpApi {
         let builder: LimitsBuilder = serde_json::from_value(Value::Object(merged))
             .map_err(|e| invalid(format!("`limits`: {e}")))?;
         let mut builder = builder;
-        let lowered = builder.clamp_to(&self.maxima);
+        let lowered = builder.clamp_to(&self.service.maxima);
         let limits = builder
             .build()
             .map_err(|e| invalid(format!("`limits`: {e}")))?;
@@ -220,27 +175,26 @@ impl HttpApi {
 
     /// The metrics' text, with the gauges read now.
     fn metrics_text(&self) -> Result<String, std::fmt::Error> {
-        let free = self.slots.available_permits();
-        let running = self.max_concurrent.saturating_sub(free);
+        let running = self.service.runs_running();
         let admitted = self.runs_admitted();
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         self.metrics.in_flight.set(gauge(running));
         self.metrics
             .queued
             .set(gauge(admitted.saturating_sub(running)));
-        let live = self.sessions.as_ref().map_or(0, |s| s.len());
+        let live = self.service.sessions.as_ref().map_or(0, |s| s.len());
         self.metrics.sessions.set(gauge(live));
         self.metrics.encode()
     }
 
     fn sessions(&self) -> Result<&Arc<SessionManager>, ApiError> {
-        self.sessions.as_ref().ok_or_else(|| {
+        self.service.sessions.as_ref().ok_or_else(|| {
             ApiError::new(
                 StatusCode::NOT_IMPLEMENTED,
                 "unsupported",
                 format!(
                     "the `{}` backend keeps no sessions",
-                    self.runner.backend().name()
+                    self.service.runner.backend().name()
                 ),
             )
         })
@@ -270,6 +224,15 @@ impl ApiError {
 
     fn bad_input(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_input", message)
+    }
+
+    /// A refused admission: 503 while draining, else 429.
+    fn refused(refusal: Refusal) -> Self {
+        let message = refusal.to_string();
+        match refusal {
+            Refusal::Draining => Self::new(StatusCode::SERVICE_UNAVAILABLE, "draining", message),
+            _ => Self::new(StatusCode::TOO_MANY_REQUESTS, "busy", message),
+        }
     }
 
     /// The status a refused run's error kind takes (one the request caused, not the code).
@@ -365,7 +328,7 @@ fn request(api: &HttpApi, body: RunBody) -> Result<Prepared, ApiError> {
         .limits(limits);
     let mut replacements = Vec::new();
     if let Some(hosts) = &body.net_allow {
-        let narrowed = crate::sandbox::narrowed_fetch(api.fetch.as_ref(), hosts);
+        let narrowed = api.service.narrowed_fetch(hosts);
         let narrowed = narrowed.map_err(ApiError::bad_input)?;
         request = request.replace_tool(narrowed.clone());
         replacements.push(narrowed);
@@ -389,7 +352,7 @@ fn respond(
         return ApiError::of_run(error).into_response();
     }
     let settled = Reply::settle(
-        &api.suspended,
+        &api.service.suspended,
         result,
         clamped,
         session.cloned(),
@@ -458,7 +421,7 @@ async fn run(
     }
     let (request, clamped, replacements) = request(&api, body(parsed)?)?;
     let _permits = api.admit().await?;
-    let result = api.runner.run_request(request).await;
+    let result = api.service.runner.run_request(request).await;
     api.record(&result);
     Ok(respond(&api, result, clamped, None, replacements))
 }
@@ -496,26 +459,15 @@ async fn resume(
     let body = body(parsed)?;
     let decision = crate::suspended::decision(Some(&body.decision), body.answer.as_ref())
         .map_err(|e| ApiError::of_run(&e))?;
-    let run = api.suspended.take(&id).ok_or_else(|| {
+    let run = api.service.suspended.take(&id).ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
             "no suspended run has that id (it was resumed, expired or never existed)",
         )
     })?;
-    // Refused before it ran (draining, busy): the run waits on, for a later resume.
-    let _permits = match api.admit().await {
-        Ok(permits) => permits,
-        Err(refused) => {
-            api.suspended.put_back(id, run);
-            return Err(refused);
-        }
-    };
-    let replacements = run.replacements.clone();
-    let result = api
-        .runner
-        .resume_with(run.state, decision, run.replacements)
-        .await;
+    let resumed = api.service.resume(id, run, decision).await;
+    let (result, replacements) = resumed.map_err(ApiError::refused)?;
     api.record(&result);
     Ok(respond(&api, result, Vec::new(), None, replacements))
 }
@@ -671,7 +623,7 @@ async fn description(State(api): State<Arc<HttpApi>>) -> Json<Value> {
         "description": api.description.text(),
         "input_schema": api.description.input_schema(),
         "limits": api.defaults,
-        "maxima": api.maxima,
+        "maxima": api.service.maxima,
     }))
 }
 

@@ -16,6 +16,7 @@ pub mod python;
 pub mod reply;
 mod sandbox;
 pub mod schema;
+pub mod service;
 pub mod suspended;
 pub mod upstream;
 

@@ -12,13 +12,13 @@ use pycage::{
     RunRequest, RunResult, Runner, SessionId, SessionManager,
 };
 use serde_json::{Map, Value, json};
-use tokio::sync::Semaphore;
 
 use crate::clamp::{self, Clamped};
 use crate::config::ServerConfig;
 pub use crate::reply::PendingApproval;
 use crate::reply::Reply;
 use crate::schema;
+use crate::service::{Admission, Service};
 
 /// The tool's name.
 pub const RUN_PYTHON: &str = "run_python";
@@ -114,21 +114,13 @@ impl std::fmt::Debug for ApprovalChannel {
 /// configured bound.
 #[derive(Debug)]
 pub struct PythonTool {
-    runner: Runner,
-    sessions: Option<Arc<SessionManager>>,
-    maxima: Limits,
-    slots: Arc<Semaphore>,
-    max_concurrent: usize,
-    queue_timeout: Duration,
+    /// The runner, sessions, suspended runs and admission both servers share.
+    service: Service,
     progress_interval: Duration,
     description: Description,
     text: String,
     input_schema: Value,
     output_schema: Value,
-    /// Runs suspended at a call that waits for approval, until resumed.
-    suspended: crate::SuspendedRuns,
-    /// The `[net]` table's `net.fetch`, which a run's `net_allow` narrows.
-    fetch: Option<pycage_tools::net::FetchTool>,
     /// Where a run's approval code goes when the client cannot ask its person.
     approvals: Option<ApprovalChannel>,
 }
@@ -156,40 +148,34 @@ impl PythonTool {
         config: &ServerConfig,
         maxima: Limits,
     ) -> Result<Self, StartError> {
-        let sessions = crate::sandbox::sessions(&runner, config)?;
-        let persistence = if sessions.is_some() {
+        let service = Service::new(runner, config, maxima)?;
+        let sessions = service.sessions.is_some();
+        let persistence = if sessions {
             Persistence::OnRequest
         } else {
             Persistence::OneShot
         };
-        let description = runner
+        let description = service
+            .runner
             .description()
             .persistence(persistence)
             .build()
             .await
             .map_err(StartError::Describe)?;
-        let text = schema::description_text(&description, &maxima, sessions.is_some());
-        let fetch = crate::sandbox::fetch_tool(config).map_err(StartError::Sandbox)?;
+        let text = schema::description_text(&description, &service.maxima, sessions);
         let input_schema = schema::run_input(
             &description,
-            &maxima,
-            sessions.is_some(),
-            fetch.is_some().then_some(config.net.allow.as_slice()),
+            &service.maxima,
+            sessions,
+            service.has_fetch().then_some(config.net.allow.as_slice()),
         );
         Ok(PythonTool {
-            runner,
-            sessions,
-            maxima,
-            slots: Arc::new(Semaphore::new(config.runs.max_concurrent)),
-            max_concurrent: config.runs.max_concurrent,
-            queue_timeout: config.runs.queue_timeout,
+            service,
             progress_interval: config.runs.progress_interval,
             description,
             text,
             input_schema,
             output_schema: schema::run_output(),
-            suspended: crate::SuspendedRuns::new(config.suspended.clone()),
-            fetch,
             approvals: None,
         })
     }
@@ -210,22 +196,22 @@ impl PythonTool {
 
     /// How long a suspended run waits for its decision.
     pub fn suspended_ttl(&self) -> Duration {
-        self.suspended.ttl()
+        self.service.suspended.ttl()
     }
 
     /// The runner the calls run on.
     pub fn runner(&self) -> &Runner {
-        &self.runner
+        &self.service.runner
     }
 
     /// The sessions, where the backend keeps them.
     pub fn sessions(&self) -> Option<&Arc<SessionManager>> {
-        self.sessions.as_ref()
+        self.service.sessions.as_ref()
     }
 
     /// How many runs hold a slot now (at most the configured `max_concurrent`).
     pub fn runs_in_progress(&self) -> usize {
-        self.max_concurrent - self.slots.available_permits()
+        self.service.runs_running()
     }
 
     /// The library's description of the sandbox the tool describes.
@@ -251,7 +237,7 @@ impl PythonTool {
 
     /// The JSON schema of `create_session`'s input.
     pub fn create_session_schema(&self) -> Value {
-        schema::create_session_input(&self.maxima)
+        schema::create_session_input(&self.service.maxima)
     }
 
     /// Runs one `run_python` call, calling `on_progress` every progress interval while it
@@ -270,10 +256,10 @@ impl PythonTool {
         let meter = pycage::OutputMeter::new();
         call.request = call.request.output_meter(meter.clone());
         let run = async {
-            let _slot = self.slot().await?;
+            let _slot = self.admit().await?;
             Ok::<_, RunError>(match &call.session {
                 Some((id, sessions)) => sessions.run(id, call.request).await,
-                None => self.runner.run_request(call.request).await,
+                None => self.service.runner.run_request(call.request).await,
             })
         };
         tokio::pin!(run);
@@ -334,7 +320,7 @@ impl PythonTool {
                 Some(Value::String(code)) => Some(code.as_str()),
                 Some(_) => return Err(invalid("`approval_code` must be a string".into())),
             };
-            let run = self.suspended.take_with_code(id, &decision, code)?;
+            let run = self.service.suspended.take_with_code(id, &decision, code)?;
             Ok((id.to_owned(), decision, run))
         });
         match parsed {
@@ -346,7 +332,7 @@ impl PythonTool {
     /// Resumes the run `run_id` with a person's `decision`, made where the model cannot
     /// reach: an MCP client's elicitation, answered by its user.
     pub async fn decide(&self, run_id: &str, decision: Decision) -> ToolOutput {
-        match self.suspended.take(run_id) {
+        match self.service.suspended.take(run_id) {
             Some(run) => self.resume_taken(run_id.to_owned(), run, decision).await,
             None => self.failed(&invalid(
                 "no suspended run has that `run_id` (it was resumed, expired or never existed)"
@@ -360,7 +346,7 @@ impl PythonTool {
     /// then counts only for the question that was put. `None` when no live run has that id
     /// or no code could be made.
     pub fn approval_token(&self, run_id: &str) -> Option<String> {
-        match self.suspended.issue_code(run_id) {
+        match self.service.suspended.issue_code(run_id) {
             Ok(code) => code.map(|code| format!("{run_id}.{code}")),
             Err(error) => {
                 tracing::warn!("no approval code for run {run_id}: {error}");
@@ -377,7 +363,11 @@ impl PythonTool {
                 "the request state is not an approval token".into(),
             ));
         };
-        match self.suspended.take_with_code(id, &decision, Some(code)) {
+        match self
+            .service
+            .suspended
+            .take_with_code(id, &decision, Some(code))
+        {
             Ok(run) => self.resume_taken(id.to_owned(), run, decision).await,
             Err(error) => self.failed(&error),
         }
@@ -392,7 +382,7 @@ impl PythonTool {
         };
         let id = &pending.run_id;
         let issued = match &self.approvals {
-            Some(channel) => match self.suspended.issue_code(id) {
+            Some(channel) => match self.service.suspended.issue_code(id) {
                 Ok(Some(code)) => {
                     (channel.0)(&ApprovalNotice {
                         pending: pending.clone(),
@@ -434,20 +424,10 @@ impl PythonTool {
         run: crate::suspended::SuspendedRun,
         decision: Decision,
     ) -> ToolOutput {
-        let _slot = match self.slot().await {
-            Ok(slot) => slot,
-            Err(busy) => {
-                // Nothing ran: the run waits on, for a later resume.
-                self.suspended.put_back(id, run);
-                return self.failed(&busy);
-            }
-        };
-        let replacements = run.replacements.clone();
-        let result = self
-            .runner
-            .resume_with(run.state, decision, run.replacements)
-            .await;
-        self.render(result, None, &[], replacements)
+        match self.service.resume(id, run, decision).await {
+            Ok((result, replacements)) => self.render(result, None, &[], replacements),
+            Err(refused) => self.failed(&refused.into()),
+        }
     }
 
     /// A result as `run_python` renders it; a suspended one is kept for `resume_run`.
@@ -459,7 +439,7 @@ impl PythonTool {
         replacements: Vec<Arc<dyn pycage_tools::Tool>>,
     ) -> ToolOutput {
         let settled = Reply::settle(
-            &self.suspended,
+            &self.service.suspended,
             result,
             clamped.to_vec(),
             session.cloned(),
@@ -473,8 +453,8 @@ impl PythonTool {
 
     /// Runs one `create_session` call: `limits` (optional) within the maxima.
     pub async fn create_session(&self, input: &Value) -> ToolOutput {
-        let Some(sessions) = &self.sessions else {
-            return self.failed(&unsupported(self.runner.backend().name()));
+        let Some(sessions) = &self.service.sessions else {
+            return self.failed(&unsupported(self.service.runner.backend().name()));
         };
         let opened = async {
             let object = object(input)?;
@@ -484,8 +464,11 @@ impl PythonTool {
                     key.escape_debug()
                 )));
             }
-            let (limits, clamped) =
-                clamp::apply(self.runner.limits(), &self.maxima, object.get("limits"))?;
+            let (limits, clamped) = clamp::apply(
+                self.service.runner.limits(),
+                &self.service.maxima,
+                object.get("limits"),
+            )?;
             let id = sessions.create_with(limits.clone()).await?;
             Ok((id, limits, clamped))
         };
@@ -530,7 +513,7 @@ impl PythonTool {
             }
             let id = session_id(object)?
                 .ok_or_else(|| invalid("`close_session` needs `session_id`, a string".into()))?;
-            let live = self.sessions.as_ref().is_some_and(|s| s.close(&id));
+            let live = self.service.sessions.as_ref().is_some_and(|s| s.close(&id));
             if live {
                 Ok(id)
             } else {
@@ -554,31 +537,23 @@ impl PythonTool {
 
     /// A failure as `run_python` renders it: the shape of its output schema.
     fn failed(&self, error: &RunError) -> ToolOutput {
-        output(Reply::failed(self.runner.backend().name(), error.clone()))
+        output(Reply::failed(
+            self.service.runner.backend().name(),
+            error.clone(),
+        ))
     }
 
-    /// A run slot, waiting at most the queue timeout.
-    async fn slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, RunError> {
-        match tokio::time::timeout(self.queue_timeout, self.slots.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => Ok(permit),
-            // The semaphore is never closed; a closed one is as good as full.
-            Ok(Err(_)) | Err(_) => Err(RunError::new(
-                ErrorKind::Busy,
-                format!(
-                    "the server is running as many runs as it allows and none finished \
-                     within {}; nothing ran, try again later",
-                    pycage_tools::units::format_duration(self.queue_timeout)
-                ),
-            )),
-        }
+    /// Admits one run (see [`Service::admit`]), as a run's error when refused.
+    async fn admit(&self) -> Result<Admission, RunError> {
+        self.service.admit().await.map_err(RunError::from)
     }
 
     fn parse_run(&self, input: &Value) -> Result<Call, RunError> {
         let mut object = object(input)?.clone();
-        let session = match (session_id(&object)?, &self.sessions) {
+        let session = match (session_id(&object)?, &self.service.sessions) {
             (None, _) => None,
             (Some(id), Some(sessions)) => Some((id, sessions.clone())),
-            (Some(_), None) => return Err(unsupported(self.runner.backend().name())),
+            (Some(_), None) => return Err(unsupported(self.service.runner.backend().name())),
         };
         object.remove("session_id");
         let net_allow = object.remove("net_allow");
@@ -595,12 +570,16 @@ impl PythonTool {
         }
         let mut replacements = Vec::new();
         if let Some(hosts) = net_allow {
-            let narrowed = crate::sandbox::narrowed_fetch(self.fetch.as_ref(), &hosts);
+            let narrowed = self.service.narrowed_fetch(&hosts);
             let narrowed = narrowed.map_err(invalid)?;
             request = request.replace_tool(narrowed.clone());
             replacements.push(narrowed);
         }
-        let (limits, clamped) = clamp::apply(self.runner.limits(), &self.maxima, asked.as_ref())?;
+        let (limits, clamped) = clamp::apply(
+            self.service.runner.limits(),
+            &self.service.maxima,
+            asked.as_ref(),
+        )?;
         Ok(Call {
             request: request.limits(limits),
             session,

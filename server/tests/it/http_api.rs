@@ -297,7 +297,18 @@ async fn a_session_keeps_state_across_runs_until_it_is_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_the_runs_and_the_queue_a_request_gets_429_with_retry_after() {
-    let s = Arc::new(serve("[runs]\nmax_concurrent = 1\nmax_queued = 0\n", None).await);
+    // No room to wait: refused at once; room, but no slot within `queue_timeout`: refused
+    // then (the admission path `pycage mcp` shares).
+    for runs in [
+        "max_queued = 0\n",
+        "max_queued = 4\nqueue_timeout = \"300ms\"\n",
+    ] {
+        beyond_the_runs(&format!("[runs]\nmax_concurrent = 1\n{runs}")).await;
+    }
+}
+
+async fn beyond_the_runs(toml: &str) {
+    let s = Arc::new(serve(toml, None).await);
     let held = s.clone();
     let spinning = tokio::spawn(async move {
         held.post(

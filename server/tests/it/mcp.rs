@@ -476,7 +476,18 @@ async fn start_spinning(h: &Harness) -> rmcp::service::RequestHandle<rmcp::RoleC
 
 #[tokio::test]
 async fn beyond_the_concurrency_bound_a_call_is_busy_and_a_cancel_frees_the_slot() {
-    let h = serve("[runs]\nmax_concurrent = 1\nqueue_timeout = \"300ms\"").await;
+    // No slot within `queue_timeout`: busy then; no room to wait (`max_queued = 0`): busy at
+    // once, long before the spinning run's 20 s (the admission path `pycage serve` shares).
+    for runs in [
+        "queue_timeout = \"300ms\"",
+        "max_queued = 0\nqueue_timeout = \"60s\"",
+    ] {
+        beyond_the_bound(&format!("[runs]\nmax_concurrent = 1\n{runs}")).await;
+    }
+}
+
+async fn beyond_the_bound(toml: &str) {
+    let h = serve(toml).await;
     let spinning = start_spinning(&h).await;
     let busy = call(&h, "run_python", json!({"code": "return 1"})).await;
     assert_eq!(busy.is_error, Some(true));
