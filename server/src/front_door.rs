@@ -16,10 +16,113 @@
 //!
 //! The entries are parsed once, when the configuration is checked; a malformed one is a
 //! configuration error, never a silently ignored line.
+//!
+//! Both servers' listeners put the same two layers in front of their routes: [`guard`]
+//! (this door, before anything reads the request) and [`require_token`] (the bearer token,
+//! compared in constant time); each renders its refusal in its server's own error shape.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
-use axum::http::{HeaderMap, Uri, header};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use subtle::ConstantTimeEq as _;
+
+use crate::HttpConfig;
+use crate::listener::BodyRefusal;
+
+/// How a server renders a refusal: its status, error kind and message in its own shape.
+pub(crate) type Refuse = fn(BodyRefusal) -> Response;
+
+/// The door of a server and how it renders a refusal, for [`guard`].
+#[derive(Debug, Clone)]
+pub(crate) struct Guard {
+    door: Arc<FrontDoor>,
+    refuse: Refuse,
+}
+
+impl Guard {
+    /// `config`'s door. A malformed entry is refused by `ServerConfig::validate` before a
+    /// server starts; a host that built the config itself gets the door without its extra
+    /// entries (fail closed).
+    pub(crate) fn of(config: &HttpConfig, refuse: Refuse) -> Self {
+        let door =
+            FrontDoor::new(&config.allowed_hosts, &config.allowed_origins).unwrap_or_else(|why| {
+                tracing::error!("{why}: accepting loopback and IP-address hosts only");
+                FrontDoor::default()
+            });
+        Guard {
+            door: Arc::new(door),
+            refuse,
+        }
+    }
+}
+
+/// Turns away a request whose `Host` or `Origin` the door does not admit (403; 400 for no
+/// or a malformed `Host`), before anything else reads it.
+pub(crate) async fn guard(State(guard): State<Guard>, request: Request, next: Next) -> Response {
+    match guard.door.admit(request.uri(), request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(refused) => {
+            let (status, kind) = match &refused {
+                Refused::BadHost(_) => (StatusCode::BAD_REQUEST, "bad_host"),
+                Refused::Host(_) => (StatusCode::FORBIDDEN, "forbidden_host"),
+                Refused::Origin(_) => (StatusCode::FORBIDDEN, "forbidden_origin"),
+            };
+            (guard.refuse)((status, kind, refused.message()))
+        }
+    }
+}
+
+/// The bearer token every request must carry, and how a server renders its refusal, for
+/// [`require_token`].
+#[derive(Debug, Clone)]
+pub(crate) struct Token {
+    token: Arc<String>,
+    refuse: Refuse,
+}
+
+impl Token {
+    pub(crate) fn new(token: String, refuse: Refuse) -> Self {
+        Token {
+            token: Arc::new(token),
+            refuse,
+        }
+    }
+}
+
+/// Passes a request that carries `Authorization: Bearer <token>` (compared in constant
+/// time); any other gets 401 with `WWW-Authenticate: Bearer`.
+pub(crate) async fn require_token(
+    State(token): State<Token>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if carries_token(request.headers(), &token.token) {
+        return next.run(request).await;
+    }
+    let mut response = (token.refuse)((
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "a bearer token is required (Authorization: Bearer <token>)".into(),
+    ));
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+/// True when `headers` carry `Authorization: Bearer <token>`, compared in constant time.
+fn carries_token(headers: &HeaderMap, token: &str) -> bool {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    bool::from(given.as_bytes().ct_eq(token.as_bytes()))
+}
 
 /// An entry of `allowed_hosts`: the host, and its port if one was named.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -44,6 +44,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::clamp::Clamped;
+use crate::front_door;
 use crate::reply::Reply;
 use crate::service::{Admission, Refusal, Service};
 use crate::{ServerConfig, StartError};
@@ -649,26 +650,6 @@ async fn readyz(State(api): State<Arc<HttpApi>>) -> Response {
     }
 }
 
-async fn require_token(
-    State(token): State<Arc<String>>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    if crate::mcp::http::carries_token(request.headers(), &token) {
-        return next.run(request).await;
-    }
-    let mut response = ApiError::new(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        "a bearer token is required (Authorization: Bearer <token>)",
-    )
-    .into_response();
-    response
-        .headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    response
-}
-
 async fn metrics(State(api): State<Arc<HttpApi>>) -> Response {
     match api.metrics_text() {
         Ok(text) => (
@@ -696,27 +677,6 @@ async fn count_rejections(
     response
 }
 
-/// Turns away a request whose `Host` or `Origin` the server does not answer to (see
-/// [`front_door`](crate::front_door)), before anything else reads it.
-async fn front_door(
-    State(door): State<Arc<crate::front_door::FrontDoor>>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    use crate::front_door::Refused;
-    match door.admit(request.uri(), request.headers()) {
-        Ok(()) => next.run(request).await,
-        Err(refused) => {
-            let (status, kind) = match &refused {
-                Refused::BadHost(_) => (StatusCode::BAD_REQUEST, "bad_host"),
-                Refused::Host(_) => (StatusCode::FORBIDDEN, "forbidden_host"),
-                Refused::Origin(_) => (StatusCode::FORBIDDEN, "forbidden_origin"),
-            };
-            ApiError::new(status, kind, refused.message()).into_response()
-        }
-    }
-}
-
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
 }
@@ -742,18 +702,11 @@ pub fn router(api: Arc<HttpApi>, config: &crate::HttpConfig, token: Option<Strin
         .fallback(not_found);
     let v1 = match token {
         Some(token) => v1.layer(axum::middleware::from_fn_with_state(
-            Arc::new(token),
-            require_token,
+            front_door::Token::new(token, api_refusal),
+            front_door::require_token,
         )),
         None => v1,
     };
-    let door = crate::front_door::FrontDoor::new(&config.allowed_hosts, &config.allowed_origins)
-        .unwrap_or_else(|why| {
-            // `ServerConfig::validate` refuses this before a server starts; a host that built
-            // the config itself gets the door without its extra entries (fail closed).
-            tracing::error!("{why}: accepting loopback and IP-address hosts only");
-            crate::front_door::FrontDoor::default()
-        });
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -765,8 +718,8 @@ pub fn router(api: Arc<HttpApi>, config: &crate::HttpConfig, token: Option<Strin
             crate::listener::body_deadline,
         ))
         .layer(axum::middleware::from_fn_with_state(
-            Arc::new(door),
-            front_door,
+            front_door::Guard::of(config, api_refusal),
+            front_door::guard,
         ))
         .layer(axum::middleware::from_fn_with_state(
             api.clone(),

@@ -2,9 +2,10 @@
 //!
 //! What guards the listener, in one place ([`router`]):
 //!
-//! * `Host` must be `localhost`, `127.0.0.1`, `::1` or one of
-//!   [`HttpConfig::allowed_hosts`], and a browser's `Origin` a loopback one or one of
-//!   [`HttpConfig::allowed_origins`] (DNS-rebinding protection; rmcp's checks, 403);
+//! * `Host` and a browser's `Origin` pass the door `pycage serve` has too
+//!   ([`front_door`](crate::front_door): `localhost`, an IP address or one of
+//!   [`HttpConfig::allowed_hosts`]; a loopback origin or one of
+//!   [`HttpConfig::allowed_origins`]; 403 otherwise), before the token is read;
 //! * a body past [`HttpConfig::max_body_bytes`] is refused (413), and one that takes longer
 //!   than [`HttpConfig::body_read_timeout`] in all (408); a client must send its headers
 //!   within [`HttpConfig::header_read_timeout`], and at most [`HttpConfig::max_connections`]
@@ -26,18 +27,15 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
-use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::HttpConfig;
+use crate::front_door;
 use crate::mcp::McpServer;
 use crate::python::PythonTool;
 
 /// The path the MCP endpoint is served at.
 pub const MCP_PATH: &str = "/mcp";
-
-/// The `Origin`s a browser on this machine sends, any port.
-const LOOPBACK_ORIGINS: [&str; 3] = ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"];
 
 /// The bearer token in `path`: the file's text without surrounding whitespace.
 ///
@@ -62,13 +60,11 @@ pub fn router(
     token: Option<String>,
     shutdown: CancellationToken,
 ) -> axum::Router {
-    let mut hosts = vec!["localhost".to_owned(), "127.0.0.1".into(), "::1".into()];
-    hosts.extend(config.allowed_hosts.iter().cloned());
-    let mut origins: Vec<String> = LOOPBACK_ORIGINS.iter().map(|o| (*o).to_owned()).collect();
-    origins.extend(config.allowed_origins.iter().cloned());
+    // `Host` and `Origin` are checked by the door both servers share (`guard` below), so
+    // rmcp's own lists are off.
     let transport = StreamableHttpServerConfig::default()
-        .with_allowed_hosts(hosts)
-        .with_allowed_origins(origins)
+        .disable_allowed_hosts()
+        .disable_allowed_origins()
         .with_max_request_body_bytes(config.max_body_bytes)
         .with_cancellation_token(shutdown);
     let server = McpServer::new(tool);
@@ -85,13 +81,17 @@ pub fn router(
             crate::listener::BodyLimits::of(config, crate::listener::plain_refusal),
             crate::listener::body_deadline,
         ));
-    match token {
+    let app = match token {
         Some(token) => app.layer(middleware::from_fn_with_state(
-            Arc::new(token),
-            require_token,
+            front_door::Token::new(token, crate::listener::plain_refusal),
+            front_door::require_token,
         )),
         None => app,
-    }
+    };
+    app.layer(middleware::from_fn_with_state(
+        front_door::Guard::of(config, crate::listener::plain_refusal),
+        front_door::guard,
+    ))
 }
 
 /// Refuses a request that would open an MCP session (one without `Mcp-Session-Id`) while
@@ -137,25 +137,4 @@ pub async fn serve(
 /// The URL of the MCP endpoint on `addr`.
 pub fn endpoint(addr: SocketAddr) -> String {
     format!("http://{addr}{MCP_PATH}")
-}
-
-/// True when `headers` carry `Authorization: Bearer <token>`, compared in constant time.
-pub(crate) fn carries_token(headers: &axum::http::HeaderMap, token: &str) -> bool {
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    bool::from(given.as_bytes().ct_eq(token.as_bytes()))
-}
-
-async fn require_token(State(token): State<Arc<String>>, request: Request, next: Next) -> Response {
-    if carries_token(request.headers(), &token) {
-        return next.run(request).await;
-    }
-    let mut response = (StatusCode::UNAUTHORIZED, "a bearer token is required").into_response();
-    response
-        .headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    response
 }
