@@ -3,7 +3,7 @@
 //! What guards the listener, in one place ([`router`]):
 //!
 //! * `Host` and a browser's `Origin` pass the door `pycage serve` has too
-//!   ([`front_door`](crate::front_door): `localhost`, an IP address or one of
+//!   (the `front_door` module: `localhost`, an IP address or one of
 //!   [`HttpConfig::allowed_hosts`]; a loopback origin or one of
 //!   [`HttpConfig::allowed_origins`]; 403 otherwise), before the token is read;
 //! * a body past [`HttpConfig::max_body_bytes`] is refused (413), and one that takes longer
