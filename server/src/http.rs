@@ -323,17 +323,14 @@ fn request(api: &HttpApi, body: RunBody) -> Result<Prepared, ApiError> {
             .map_err(|e| ApiError::bad_input(format!("files[{path:?}] is not base64: {e}")))?;
         files.push(InputFile::new(path, bytes));
     }
-    let mut request = RunRequest::new(body.code)
+    let request = RunRequest::new(body.code)
         .vars(body.vars)
         .files(files)
         .limits(limits);
-    let mut replacements = Vec::new();
-    if let Some(hosts) = &body.net_allow {
-        let narrowed = api.service.narrowed_fetch(hosts);
-        let narrowed = narrowed.map_err(ApiError::bad_input)?;
-        request = request.replace_tool(narrowed.clone());
-        replacements.push(narrowed);
-    }
+    let (request, replacements) = api
+        .service
+        .narrow(request, body.net_allow.as_ref())
+        .map_err(ApiError::bad_input)?;
     Ok((request, clamped, replacements))
 }
 

@@ -346,13 +346,20 @@ impl PythonTool {
     /// then counts only for the question that was put. `None` when no live run has that id
     /// or no code could be made.
     pub fn approval_token(&self, run_id: &str) -> Option<String> {
-        match self.service.suspended.issue_code(run_id) {
-            Ok(code) => code.map(|code| format!("{run_id}.{code}")),
-            Err(error) => {
+        self.fresh_code(run_id)
+            .map(|code| format!("{run_id}.{code}"))
+    }
+
+    /// A fresh one-time approval code for the live run `run_id`; `None` when no live run has
+    /// that id or the random source failed (logged).
+    fn fresh_code(&self, run_id: &str) -> Option<String> {
+        self.service
+            .suspended
+            .issue_code(run_id)
+            .unwrap_or_else(|error| {
                 tracing::warn!("no approval code for run {run_id}: {error}");
                 None
-            }
-        }
+            })
     }
 
     /// Resumes the run an [`approval_token`](Self::approval_token) names with a person's
@@ -381,23 +388,17 @@ impl PythonTool {
             return;
         };
         let id = &pending.run_id;
-        let issued = match &self.approvals {
-            Some(channel) => match self.service.suspended.issue_code(id) {
-                Ok(Some(code)) => {
-                    (channel.0)(&ApprovalNotice {
-                        pending: pending.clone(),
-                        code,
-                    });
-                    true
-                }
-                Ok(None) => false,
-                Err(error) => {
-                    tracing::warn!("no approval code for run {id}: {error}");
-                    false
-                }
-            },
-            None => false,
-        };
+        // A code only where a channel can show it to the person.
+        let issued = self.approvals.as_ref().is_some_and(|channel| {
+            let Some(code) = self.fresh_code(id) else {
+                return false;
+            };
+            (channel.0)(&ApprovalNotice {
+                pending: pending.clone(),
+                code,
+            });
+            true
+        });
         output.text.push_str(&if issued {
             format!(
                 "The pycage server has shown the user an approval code for this call. Ask \
@@ -568,13 +569,10 @@ impl PythonTool {
         if let Some(files) = encoded {
             request = request.files(decode_files(&files)?);
         }
-        let mut replacements = Vec::new();
-        if let Some(hosts) = net_allow {
-            let narrowed = self.service.narrowed_fetch(&hosts);
-            let narrowed = narrowed.map_err(invalid)?;
-            request = request.replace_tool(narrowed.clone());
-            replacements.push(narrowed);
-        }
+        let (request, replacements) = self
+            .service
+            .narrow(request, net_allow.as_ref())
+            .map_err(invalid)?;
         let (limits, clamped) = clamp::apply(
             self.service.runner.limits(),
             &self.service.maxima,

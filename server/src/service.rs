@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use pycage::{Decision, ErrorKind, Limits, RunError, RunResult, Runner, SessionManager};
+use pycage::{
+    Decision, ErrorKind, Limits, RunError, RunRequest, RunResult, Runner, SessionManager,
+};
 use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -184,17 +186,22 @@ impl Service {
             .saturating_sub(self.slots.available_permits())
     }
 
-    /// `net.fetch` narrowed to `hosts` (a run's `net_allow`), to replace the exposed one for
-    /// that run.
+    /// `request` with `net.fetch` narrowed to `hosts` (a run's `net_allow`) when it names
+    /// some, and the narrowed tool, to keep with the run if it suspends.
     ///
     /// # Errors
     ///
     /// What is wrong with `hosts`, for the caller's bad-input error.
-    pub(crate) fn narrowed_fetch(
+    pub(crate) fn narrow(
         &self,
-        hosts: &Value,
-    ) -> Result<Arc<dyn pycage_tools::Tool>, String> {
-        crate::sandbox::narrowed_fetch(self.fetch.as_ref(), hosts)
+        request: RunRequest,
+        hosts: Option<&Value>,
+    ) -> Result<(RunRequest, Replacements), String> {
+        let Some(hosts) = hosts else {
+            return Ok((request, Vec::new()));
+        };
+        let narrowed = crate::sandbox::narrowed_fetch(self.fetch.as_ref(), hosts)?;
+        Ok((request.replace_tool(narrowed.clone()), vec![narrowed]))
     }
 
     /// True when `[net]` exposes `net.fetch`.
