@@ -437,6 +437,11 @@ impl LimitsError {
     pub fn field(&self) -> &'static str {
         self.field
     }
+
+    /// Why it is invalid (`must be more than zero`).
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
 }
 
 impl fmt::Display for LimitsError {

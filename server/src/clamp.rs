@@ -1,30 +1,25 @@
 //! The limits a call or a session asks for, taken within the server's maxima.
 //!
-//! A call may name a few limits in its input (`limits`: `timeout_seconds`, `memory_mib`,
-//! `max_output_bytes`, `max_tool_calls`, `fuel`); the rest are the server's. A value above
-//! the server's maximum is lowered to it, and the result says so; a value that is not a
-//! positive number of the right type is an `invalid_input` error, never ignored.
+//! A run or a session may name limits in its input (`limits`): the library's `Limits` field
+//! names (`wall_timeout: "5s"`, `memory_bytes`, `max_tool_calls`, ...) and two plain-number
+//! spellings, `timeout_seconds` and `memory_mib`, on both servers; what it leaves out is the
+//! server's default. A value above the server's maximum is lowered to it, and the reply says
+//! so; a value of the wrong type or out of range is an error naming the field, never
+//! ignored.
 
 use std::time::Duration;
 
-use pycage::{ErrorKind, Limits, LimitsBuilder, RunError};
+use pycage::{Limits, LimitsBuilder};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-/// The names a call's `limits` object may have.
-pub const LIMIT_FIELDS: [&str; 5] = [
-    "timeout_seconds",
-    "memory_mib",
-    "max_output_bytes",
-    "max_tool_calls",
-    "fuel",
-];
+use crate::input::InputError;
 
 /// One value the server lowered to its maximum.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Clamped {
-    /// The field of the call's `limits`.
-    pub field: &'static str,
+    /// The field of the request's `limits`, as the request named it.
+    pub field: String,
     /// What the call asked for.
     pub asked: Value,
     /// What it got.
@@ -72,83 +67,155 @@ pub fn schema(maxima: &Limits) -> Value {
     })
 }
 
-/// `defaults` with what `asked` names, each within `maxima`; the values lowered.
+/// The plain-number spellings a request may use for two library fields: `timeout_seconds`
+/// (seconds, any positive number) for `wall_timeout` (text with a unit), and `memory_mib`
+/// (whole MiB) for `memory_bytes`.
+pub const ALIASES: [(&str, &str); 2] = [
+    ("timeout_seconds", "wall_timeout"),
+    ("memory_mib", "memory_bytes"),
+];
+
+/// `defaults` with what `asked` names, each within `maxima`; the values lowered, each under
+/// the name the request gave it and in its units.
+///
+/// `asked` takes the library's `Limits` field names (`wall_timeout: "5s"`, `memory_bytes`,
+/// `max_tool_calls`, ...) and the two [`ALIASES`]; both servers take the same names.
 ///
 /// # Errors
 ///
-/// `invalid_input` naming the field: not an object, an unknown field, a value of the wrong
-/// type or not positive, or limits that do not validate together.
+/// [`InputError::Limits`] naming the field: not an object, an unknown field, a field named
+/// twice (an alias and its field), a value of the wrong type or out of range, or limits
+/// that do not validate together.
 pub fn apply(
     defaults: &Limits,
     maxima: &Limits,
     asked: Option<&Value>,
-) -> Result<(Limits, Vec<Clamped>), RunError> {
-    let invalid = |why: String| RunError::new(ErrorKind::InvalidInput, why);
+) -> Result<(Limits, Vec<Clamped>), InputError> {
+    let invalid = InputError::Limits;
     let asked = match asked {
         None | Some(Value::Null) => return Ok((defaults.clone(), Vec::new())),
         Some(Value::Object(map)) => map,
         Some(_) => return Err(invalid("`limits` must be an object".into())),
     };
-    if let Some(key) = asked.keys().find(|k| !LIMIT_FIELDS.contains(&k.as_str())) {
-        return Err(invalid(format!(
-            "`limits` has no field `{}` (it takes {})",
-            key.escape_debug(),
-            LIMIT_FIELDS.join(", ")
-        )));
-    }
-    let mut b: LimitsBuilder = defaults.clone().into();
-    let mut clamped = Vec::new();
-    if let Some(v) = asked.get("timeout_seconds") {
-        let secs = v
-            .as_f64()
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .ok_or_else(|| invalid("`limits.timeout_seconds` must be a positive number".into()))?;
-        let max = maxima.wall_timeout();
-        b.wall_timeout = if secs > max.as_secs_f64() {
-            clamped.push(Clamped {
-                field: "timeout_seconds",
-                asked: v.clone(),
-                got: json!(max.as_secs_f64()),
-            });
-            max
-        } else {
-            Duration::from_secs_f64(secs)
-        };
-    }
-    let mut integer = |field: &'static str, min: u64, max: u64| -> Result<Option<u64>, RunError> {
-        let Some(v) = asked.get(field) else {
-            return Ok(None);
-        };
-        let n = v.as_u64().filter(|n| *n >= min).ok_or_else(|| {
-            invalid(format!(
-                "`limits.{field}` must be an integer of at least {min}"
-            ))
-        })?;
-        if n > max {
-            clamped.push(Clamped {
-                field,
-                asked: v.clone(),
-                got: json!(max),
-            });
-            return Ok(Some(max));
+    let mut builder: LimitsBuilder = defaults.clone().into();
+    // The library field each asked name sets.
+    let mut named: Vec<(&str, &'static str)> = Vec::with_capacity(asked.len());
+    for (key, value) in asked {
+        let alias = ALIASES.iter().find(|(alias, _)| alias == key);
+        let field = alias
+            .map(|(_, field)| *field)
+            .or_else(|| LIBRARY_FIELDS.iter().find(|f| *f == key).copied())
+            .ok_or_else(|| {
+                let known: Vec<&str> = ALIASES
+                    .iter()
+                    .map(|(alias, _)| *alias)
+                    .chain(LIBRARY_FIELDS)
+                    .collect();
+                invalid(format!(
+                    "`limits` has no field `{}` (it takes {})",
+                    key.escape_debug(),
+                    known.join(", ")
+                ))
+            })?;
+        if let Some((other, _)) = named.iter().find(|(_, f)| *f == field) {
+            return Err(invalid(format!(
+                "`limits` names both `{other}` and `{key}`, which set the same limit; give one"
+            )));
         }
-        Ok(Some(n))
+        named.push((key, field));
+        set(&mut builder, key, field, value)?;
+    }
+    let as_asked = |field: &'static str| -> &str {
+        named
+            .iter()
+            .find(|(_, f)| *f == field)
+            .map_or(field, |(key, _)| key)
     };
-    if let Some(mib) = integer("memory_mib", 1, maxima.memory_bytes() >> 20)? {
-        b.memory_bytes = mib << 20;
-    }
-    if let Some(n) = integer("max_output_bytes", 1, maxima.max_output_bytes())? {
-        b.max_output_bytes = n;
-    }
-    let calls = u64::from(maxima.max_tool_calls());
-    if let Some(n) = integer("max_tool_calls", 0, calls)? {
-        b.max_tool_calls = u32::try_from(n).unwrap_or(u32::MAX);
-    }
-    if let Some(n) = integer("fuel", 1, maxima.fuel().unwrap_or(u64::MAX))? {
-        b.fuel = Some(n);
-    }
-    let limits = b.build().map_err(|e| invalid(format!("`limits`: {e}")))?;
+    let lowered = builder.clamp_to(maxima);
+    let limits = builder
+        .build()
+        .map_err(|e| invalid(format!("`limits.{}`: {}", as_asked(e.field()), e.reason())))?;
+    let clamped = lowered
+        .into_iter()
+        .map(|field| {
+            let name = as_asked(field);
+            Clamped {
+                field: name.to_owned(),
+                asked: asked.get(name).cloned().unwrap_or_default(),
+                got: value_of(&limits, name),
+            }
+        })
+        .collect();
     Ok((limits, clamped))
+}
+
+/// The fields of the library's `LimitsBuilder`, in its order (a test checks they match).
+pub const LIBRARY_FIELDS: [&str; 15] = [
+    "wall_timeout",
+    "memory_bytes",
+    "max_output_bytes",
+    "max_tool_calls",
+    "fuel",
+    "tool_timeout",
+    "max_tool_args_bytes",
+    "max_tool_result_bytes",
+    "max_value_bytes",
+    "max_code_bytes",
+    "max_input_bytes",
+    "max_written_bytes",
+    "max_files",
+    "max_file_bytes",
+    "max_returned_bytes",
+];
+
+/// Sets `field` of `builder` from the request's `key: value`.
+fn set(
+    builder: &mut LimitsBuilder,
+    key: &str,
+    field: &'static str,
+    value: &Value,
+) -> Result<(), InputError> {
+    match key {
+        "timeout_seconds" => {
+            let secs = value
+                .as_f64()
+                .filter(|s| s.is_finite() && *s > 0.0)
+                .ok_or_else(|| {
+                    InputError::Limits("`limits.timeout_seconds` must be a positive number".into())
+                })?;
+            // Past what a Duration holds is past any maximum: the clamp lowers it.
+            builder.wall_timeout = Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX);
+        }
+        "memory_mib" => {
+            let mib = value.as_u64().filter(|n| *n >= 1).ok_or_else(|| {
+                InputError::Limits("`limits.memory_mib` must be an integer of at least 1".into())
+            })?;
+            builder.memory_bytes = mib.saturating_mul(1 << 20);
+        }
+        _ => {
+            // The library's own parse of the field (units, types), one field at a time so
+            // that an error names it.
+            let Ok(Value::Object(mut fields)) = serde_json::to_value(&*builder) else {
+                return Err(InputError::Limits("the limits do not serialize".into()));
+            };
+            fields.insert(field.to_owned(), value.clone());
+            *builder = serde_json::from_value(Value::Object(fields))
+                .map_err(|e| InputError::Limits(format!("`limits.{key}`: {e}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// What `limits` holds for the request's name `name`, in that name's units.
+fn value_of(limits: &Limits, name: &str) -> Value {
+    match name {
+        "timeout_seconds" => json!(limits.wall_timeout().as_secs_f64()),
+        "memory_mib" => json!(limits.memory_bytes() >> 20),
+        _ => serde_json::to_value(limits)
+            .ok()
+            .and_then(|v| v.get(name).cloned())
+            .unwrap_or_default(),
+    }
 }
 
 /// What `clamped` says, for the model's text: `limits lowered to the server's maxima:

@@ -39,7 +39,7 @@ fn values_above_the_maxima_are_lowered_and_said() {
     assert_eq!(got.wall_timeout(), Duration::from_secs(60));
     assert_eq!(got.memory_bytes(), 512 << 20);
     assert_eq!(got.max_tool_calls(), 7);
-    let fields: Vec<_> = clamped.iter().map(|c| c.field).collect();
+    let fields: Vec<_> = clamped.iter().map(|c| c.field.as_str()).collect();
     assert_eq!(fields, ["timeout_seconds", "memory_mib"]);
     assert_eq!(clamped[0].asked, json!(600));
     assert_eq!(clamped[0].got, json!(60.0));
@@ -75,10 +75,73 @@ fn bad_values_are_invalid_input_naming_the_field() {
         (json!({"max_tool_calls": -1}), "max_tool_calls"),
         (json!({"fuel": 0}), "fuel"),
         // Valid alone, but below the library's floor for memory.
-        (json!({"memory_mib": 1}), "`limits`"),
+        (
+            json!({"memory_mib": 1}),
+            "`limits.memory_mib`: must be between",
+        ),
     ] {
         let e = apply(&d, &m, Some(&asked)).unwrap_err();
-        assert_eq!(e.kind, ErrorKind::InvalidInput, "{asked}");
-        assert!(e.message.contains(needle), "{asked}: {}", e.message);
+        assert!(matches!(e, InputError::Limits(_)), "{asked}");
+        assert!(e.message().contains(needle), "{asked}: {e}");
     }
+}
+
+#[test]
+fn the_library_names_are_taken_and_clamped_in_their_own_units() {
+    let (d, m) = (limits(10, 128, 8), limits(60, 512, 100));
+    let asked = json!({"wall_timeout": "2m", "memory_bytes": 300u64 << 20, "max_files": 7});
+    let (got, clamped) = apply(&d, &m, Some(&asked)).unwrap();
+    assert_eq!(got.wall_timeout(), Duration::from_secs(60));
+    assert_eq!(got.memory_bytes(), 300 << 20);
+    assert_eq!(got.max_files(), 7);
+    assert_eq!(clamped.len(), 1);
+    assert_eq!(clamped[0].field, "wall_timeout");
+    assert_eq!(clamped[0].asked, json!("2m"));
+    assert_eq!(clamped[0].got, json!("1m"));
+}
+
+#[test]
+fn an_alias_and_its_field_together_are_refused() {
+    let (d, m) = (limits(10, 128, 8), limits(60, 512, 100));
+    for asked in [
+        json!({"timeout_seconds": 5, "wall_timeout": "5s"}),
+        json!({"memory_bytes": 100u64 << 20, "memory_mib": 100}),
+    ] {
+        let e = apply(&d, &m, Some(&asked)).unwrap_err();
+        assert!(e.message().contains("names both"), "{asked}: {e}");
+    }
+    for (asked, needle) in [
+        (json!({"wall_timeout": 5}), "`limits.wall_timeout`"),
+        (json!({"max_files": -1}), "`limits.max_files`"),
+        (json!({"max_code_bytes": 0}), "`limits.max_code_bytes`"),
+    ] {
+        let e = apply(&d, &m, Some(&asked)).unwrap_err();
+        assert!(e.message().contains(needle), "{asked}: {e}");
+    }
+}
+
+#[test]
+fn a_timeout_past_what_a_duration_holds_is_lowered_not_a_panic() {
+    let (d, m) = (limits(10, 128, 8), limits(60, 512, 100));
+    let asked = json!({"timeout_seconds": 1e300, "memory_mib": u64::MAX});
+    let (got, clamped) = apply(&d, &m, Some(&asked)).unwrap();
+    assert_eq!(got.wall_timeout(), Duration::from_secs(60));
+    assert_eq!(got.memory_bytes(), 512 << 20);
+    assert_eq!(clamped.len(), 2);
+}
+
+#[test]
+fn the_field_list_is_the_builders() {
+    let builder = serde_json::to_value(LimitsBuilder::default()).unwrap();
+    let fields: Vec<&str> = builder
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let mut listed = LIBRARY_FIELDS.to_vec();
+    let mut sorted = fields.clone();
+    listed.sort_unstable();
+    sorted.sort_unstable();
+    assert_eq!(listed, sorted);
 }

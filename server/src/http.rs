@@ -13,9 +13,11 @@
 //! | `GET /healthz`, `GET /readyz` | alive; accepting runs |
 //! | `GET /metrics` | Prometheus text: runs by outcome and kind, latency and fuel histograms, tool calls by tool and outcome, in-flight and queued runs, live sessions, rejections by reason |
 //!
-//! `files` maps a relative path to base64 content; `limits` is the library's `Limits` JSON
-//! (`{"wall_timeout": "5s", "memory_bytes": 268435456}`), each field over the server's
-//! defaults, lowered to the server's maxima (the response's `clamped` lists what was). Errors
+//! A run's body is the same object `run_python` takes ([`crate::input`]), except that
+//! `files` holds base64 unless `files_base64` is false. `limits` takes the library's `Limits`
+//! names (`{"wall_timeout": "5s", "memory_bytes": 268435456}`) or `timeout_seconds` and
+//! `memory_mib` ([`crate::clamp`]), each over the server's defaults, lowered to the server's
+//! maxima (the response's `clamped` lists what was). Errors
 //! are `{"error": {"kind", "message"}}`: 400 bad input, 401 no or wrong token, 404 unknown
 //! session, 409 session busy, 410 session ended, 413 body too large, 422 invalid limits,
 //! 429 busy (with `Retry-After`), 503 draining. A guest failure is a 200 with `ok: false`:
@@ -26,7 +28,6 @@
 //! At most `[runs] max_concurrent` runs at once and `[runs] max_queued` more waiting for a
 //! slot; a request beyond both is refused at once with 429, so nothing queues without bound.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
@@ -35,16 +36,15 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use base64::Engine as _;
 use pycage::{
-    Description, ErrorKind, InputFile, Limits, LimitsBuilder, RunError, RunRequest, RunResult,
-    Runner, SessionId, SessionManager,
+    Description, ErrorKind, Limits, RunError, RunResult, Runner, SessionId, SessionManager,
 };
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-use crate::clamp::Clamped;
+use crate::clamp::{self, Clamped};
 use crate::front_door;
+use crate::input::{self, FilesAs, InputError, RunInput};
 use crate::reply::Reply;
 use crate::service::{Admission, Refusal, Service};
 use crate::{ServerConfig, StartError};
@@ -66,7 +66,6 @@ pub struct HttpApi {
     /// The runner, sessions, suspended runs and admission both servers share.
     service: Service,
     description: Description,
-    defaults: Limits,
     metrics: Arc<metrics::Metrics>,
 }
 
@@ -79,11 +78,11 @@ impl HttpApi {
     /// [`StartError`] naming what is unusable.
     pub async fn start(config: &ServerConfig) -> Result<Self, StartError> {
         let (runner, maxima) = crate::sandbox::start(config).await?;
-        let defaults = runner.limits().clone();
-        Self::with_runner(runner, config, defaults, maxima).await
+        Self::with_runner(runner, config, maxima).await
     }
 
-    /// The API over `runner`, with `config`'s sessions and bounds.
+    /// The API over `runner` (its limits are each run's defaults), with `config`'s sessions
+    /// and bounds and the given maxima.
     ///
     /// # Errors
     ///
@@ -91,7 +90,6 @@ impl HttpApi {
     pub async fn with_runner(
         runner: Runner,
         config: &ServerConfig,
-        defaults: Limits,
         maxima: Limits,
     ) -> Result<Self, StartError> {
         let metrics = Arc::new(metrics::Metrics::new());
@@ -107,7 +105,6 @@ impl HttpApi {
         Ok(HttpApi {
             service,
             description,
-            defaults,
             metrics,
         })
     }
@@ -130,41 +127,6 @@ impl HttpApi {
     /// Admits one run (see [`Service::admit`]); the admission is held for the run's length.
     async fn admit(&self) -> Result<Admission, ApiError> {
         self.service.admit().await.map_err(ApiError::refused)
-    }
-
-    /// The request's limits: the server's defaults with what `asked` names, each lowered to
-    /// the maxima; the fields that were lowered.
-    fn limits(&self, asked: Option<&Value>) -> Result<(Limits, Vec<Clamped>), ApiError> {
-        let invalid = |message: String| {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_limits", message)
-        };
-        let asked = match asked {
-            None | Some(Value::Null) => return Ok((self.defaults.clone(), Vec::new())),
-            Some(Value::Object(map)) => map,
-            Some(_) => return Err(invalid("`limits` must be an object".into())),
-        };
-        let Ok(Value::Object(mut merged)) = serde_json::to_value(&self.defaults) else {
-            return Err(ApiError::internal("the default limits do not serialize"));
-        };
-        merged.extend(asked.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let builder: LimitsBuilder = serde_json::from_value(Value::Object(merged))
-            .map_err(|e| invalid(format!("`limits`: {e}")))?;
-        let mut builder = builder;
-        let lowered = builder.clamp_to(&self.service.maxima);
-        let limits = builder
-            .build()
-            .map_err(|e| invalid(format!("`limits`: {e}")))?;
-        // What each lowered field asked for and got, in the request's own units.
-        let got = serde_json::to_value(&limits).unwrap_or_default();
-        let clamped = lowered
-            .into_iter()
-            .map(|field| Clamped {
-                field,
-                asked: asked.get(field).cloned().unwrap_or_default(),
-                got: got.get(field).cloned().unwrap_or_default(),
-            })
-            .collect();
-        Ok((limits, clamped))
     }
 
     /// Counts a finished run in the metrics (a refusal is counted by the metrics layer).
@@ -227,6 +189,16 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_input", message)
     }
 
+    /// Bad input: 400 `invalid_input`, or 422 `invalid_limits` for its `limits`.
+    fn of_input(error: InputError) -> Self {
+        match error {
+            InputError::Limits(why) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_limits", why)
+            }
+            other => Self::bad_input(other.message()),
+        }
+    }
+
     /// A refused admission: 503 while draining, else 429.
     fn refused(refusal: Refusal) -> Self {
         let message = refusal.to_string();
@@ -273,23 +245,6 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// The body of `POST /v1/runs` and `POST /v1/sessions/{id}/runs`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RunBody {
-    code: String,
-    #[serde(default)]
-    vars: Map<String, Value>,
-    /// Relative path → base64 content.
-    #[serde(default)]
-    files: BTreeMap<String, String>,
-    #[serde(default)]
-    limits: Option<Value>,
-    /// Narrows net.fetch to some of the `[net] allow` patterns for this run.
-    #[serde(default)]
-    net_allow: Option<Value>,
-}
-
 /// The body of `POST /v1/sessions`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -310,28 +265,18 @@ fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     })
 }
 
-/// A run's request, what was clamped, and the tools that replace exposed ones for it (kept
-/// with the run if it suspends, for its resume).
-type Prepared = (RunRequest, Vec<Clamped>, Vec<Arc<dyn pycage_tools::Tool>>);
-
-fn request(api: &HttpApi, body: RunBody) -> Result<Prepared, ApiError> {
-    let (limits, clamped) = api.limits(body.limits.as_ref())?;
-    let mut files = Vec::with_capacity(body.files.len());
-    for (path, content) in body.files {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(content.as_bytes())
-            .map_err(|e| ApiError::bad_input(format!("files[{path:?}] is not base64: {e}")))?;
-        files.push(InputFile::new(path, bytes));
+/// A run's input ([`input::parse`], with `files` base64 unless `files_base64` is false); a
+/// session is named by the path or the [`SESSION_HEADER`], not the body.
+fn request(api: &HttpApi, body: &Value) -> Result<RunInput, ApiError> {
+    let parsed = input::parse(&api.service, &api.description, body, FilesAs::Base64)
+        .map_err(ApiError::of_input)?;
+    if parsed.session.is_some() {
+        return Err(ApiError::bad_input(format!(
+            "`session_id` is not a body field here: run in a session with \
+             `POST /v1/sessions/{{id}}/runs` or the `{SESSION_HEADER}` header"
+        )));
     }
-    let request = RunRequest::new(body.code)
-        .vars(body.vars)
-        .files(files)
-        .limits(limits);
-    let (request, replacements) = api
-        .service
-        .narrow(request, body.net_allow.as_ref())
-        .map_err(ApiError::bad_input)?;
-    Ok((request, clamped, replacements))
+    Ok(parsed)
 }
 
 /// A run's response: a 200 with the result (ok or not) as [`Reply::body`], or the status
@@ -408,7 +353,7 @@ fn is_refusal(kind: ErrorKind) -> bool {
 async fn run(
     State(api): State<Arc<HttpApi>>,
     headers: axum::http::HeaderMap,
-    parsed: Result<Json<RunBody>, JsonRejection>,
+    parsed: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     if let Some(id) = headers.get(SESSION_HEADER) {
         let id = id
@@ -417,11 +362,11 @@ async fn run(
             .to_owned();
         return in_session(&api, &id, parsed).await;
     }
-    let (request, clamped, replacements) = request(&api, body(parsed)?)?;
+    let run = request(&api, &body(parsed)?)?;
     let _permits = api.admit().await?;
-    let result = api.service.runner.run_request(request).await;
+    let result = api.service.runner.run_request(run.request).await;
     api.record(&result);
-    Ok(respond(&api, result, clamped, None, replacements))
+    Ok(respond(&api, result, run.clamped, None, run.replacements))
 }
 
 /// The body of `POST /v1/runs/{id}/resume`.
@@ -488,7 +433,12 @@ async fn create_session(
 ) -> Result<Response, ApiError> {
     let sessions = api.sessions()?;
     let asked = parsed.map(|Json(b)| b).unwrap_or_default();
-    let (limits, clamped) = api.limits(asked.limits.as_ref())?;
+    let (limits, clamped) = clamp::apply(
+        api.service.runner.limits(),
+        &api.service.maxima,
+        asked.limits.as_ref(),
+    )
+    .map_err(ApiError::of_input)?;
     if api.is_draining() {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -549,7 +499,7 @@ fn session_id(api: &HttpApi, id: &str) -> Result<(SessionId, Arc<pycage::Session
 async fn session_run(
     State(api): State<Arc<HttpApi>>,
     Path(id): Path<String>,
-    parsed: Result<Json<RunBody>, JsonRejection>,
+    parsed: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     in_session(&api, &id, parsed).await
 }
@@ -557,14 +507,20 @@ async fn session_run(
 async fn in_session(
     api: &HttpApi,
     id: &str,
-    parsed: Result<Json<RunBody>, JsonRejection>,
+    parsed: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let (id, _) = session_id(api, id)?;
-    let (request, clamped, replacements) = request(api, body(parsed)?)?;
+    let run = request(api, &body(parsed)?)?;
     let _permits = api.admit().await?;
-    let result = api.sessions()?.run(&id, request).await;
+    let result = api.sessions()?.run(&id, run.request).await;
     api.record(&result);
-    Ok(respond(api, result, clamped, Some(&id), replacements))
+    Ok(respond(
+        api,
+        result,
+        run.clamped,
+        Some(&id),
+        run.replacements,
+    ))
 }
 
 #[utoipa::path(
@@ -620,7 +576,7 @@ async fn description(State(api): State<Arc<HttpApi>>) -> Json<Value> {
         "name": api.description.name(),
         "description": api.description.text(),
         "input_schema": api.description.input_schema(),
-        "limits": api.defaults,
+        "limits": api.service.runner.limits(),
         "maxima": api.service.maxima,
     }))
 }

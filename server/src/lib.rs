@@ -10,6 +10,7 @@ pub mod clamp;
 pub mod config;
 mod front_door;
 pub mod http;
+pub mod input;
 mod listener;
 pub mod mcp;
 pub mod python;

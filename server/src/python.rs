@@ -6,15 +6,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use pycage::{
-    Decision, Description, ErrorKind, InputFile, Limits, OutputFile, Persistence, RunError,
-    RunRequest, RunResult, Runner, SessionId, SessionManager,
+    Decision, Description, ErrorKind, Limits, OutputFile, Persistence, RunError, RunRequest,
+    RunResult, Runner, SessionId, SessionManager,
 };
 use serde_json::{Map, Value, json};
 
 use crate::clamp::{self, Clamped};
 use crate::config::ServerConfig;
+use crate::input::{self, FilesAs};
 pub use crate::reply::PendingApproval;
 use crate::reply::Reply;
 use crate::schema;
@@ -512,7 +512,10 @@ impl PythonTool {
                     key.escape_debug()
                 )));
             }
-            let id = session_id(object)?
+            let id = object
+                .get("session_id")
+                .and_then(Value::as_str)
+                .map(SessionId::from)
                 .ok_or_else(|| invalid("`close_session` needs `session_id`, a string".into()))?;
             let live = self.service.sessions.as_ref().is_some_and(|s| s.close(&id));
             if live {
@@ -550,39 +553,17 @@ impl PythonTool {
     }
 
     fn parse_run(&self, input: &Value) -> Result<Call, RunError> {
-        let mut object = object(input)?.clone();
-        let session = match (session_id(&object)?, &self.service.sessions) {
+        let parsed = input::parse(&self.service, &self.description, input, FilesAs::Text)?;
+        let session = match (parsed.session, &self.service.sessions) {
             (None, _) => None,
             (Some(id), Some(sessions)) => Some((id, sessions.clone())),
             (Some(_), None) => return Err(unsupported(self.service.runner.backend().name())),
         };
-        object.remove("session_id");
-        let net_allow = object.remove("net_allow");
-        let asked = object.remove("limits");
-        let base64 = match object.remove("files_base64") {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-            Some(Value::Bool(true)) => true,
-            Some(_) => return Err(invalid("`files_base64` must be a boolean".into())),
-        };
-        let encoded = if base64 { object.remove("files") } else { None };
-        let mut request = self.description.parse_input(&Value::Object(object))?;
-        if let Some(files) = encoded {
-            request = request.files(decode_files(&files)?);
-        }
-        let (request, replacements) = self
-            .service
-            .narrow(request, net_allow.as_ref())
-            .map_err(invalid)?;
-        let (limits, clamped) = clamp::apply(
-            self.service.runner.limits(),
-            &self.service.maxima,
-            asked.as_ref(),
-        )?;
         Ok(Call {
-            request: request.limits(limits),
+            request: parsed.request,
             session,
-            clamped,
-            replacements,
+            clamped: parsed.clamped,
+            replacements: parsed.replacements,
         })
     }
 }
@@ -628,34 +609,6 @@ fn object(input: &Value) -> Result<&Map<String, Value>, RunError> {
     input
         .as_object()
         .ok_or_else(|| invalid("the tool input must be a JSON object".into()))
-}
-
-fn session_id(object: &Map<String, Value>) -> Result<Option<SessionId>, RunError> {
-    match object.get("session_id") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(id)) => Ok(Some(SessionId::from(id.as_str()))),
-        Some(_) => Err(invalid("`session_id` must be a string".into())),
-    }
-}
-
-fn decode_files(files: &Value) -> Result<Vec<InputFile>, RunError> {
-    let map = files
-        .as_object()
-        .ok_or_else(|| invalid("`files` must be an object".into()))?;
-    map.iter()
-        .map(|(path, text)| {
-            let bytes = text
-                .as_str()
-                .and_then(|t| base64::engine::general_purpose::STANDARD.decode(t).ok())
-                .ok_or_else(|| {
-                    invalid(format!(
-                        "file `{}`: with `files_base64`, its content must be base64 text",
-                        path.escape_debug()
-                    ))
-                })?;
-            Ok(InputFile::new(path.clone(), bytes))
-        })
-        .collect()
 }
 
 fn invalid(why: String) -> RunError {

@@ -15,9 +15,15 @@ use utoipa::{OpenApi, ToSchema};
 
 /// `limits`: the library's `Limits`, each field optional over the server's defaults and
 /// lowered to its maxima. Durations are text with a unit (`"5s"`, `"250ms"`).
+/// `timeout_seconds` and `memory_mib` are plain-number spellings of `wall_timeout` and
+/// `memory_bytes` (the names `run_python` advertises); give one of each pair.
 #[derive(ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct LimitsInput {
+    /// `wall_timeout` in seconds.
+    timeout_seconds: Option<f64>,
+    /// `memory_bytes` in MiB.
+    memory_mib: Option<u64>,
     wall_timeout: Option<String>,
     memory_bytes: Option<u64>,
     max_output_bytes: Option<u64>,
@@ -65,8 +71,11 @@ pub(super) struct RunInput {
     /// Initial global variables (names are identifiers).
     #[schema(value_type = Option<Object>)]
     vars: Option<serde_json::Map<String, Value>>,
-    /// Relative path → base64 content, put in the code's working directory.
+    /// Relative path → content (base64 unless `files_base64` is false), put in the code's
+    /// working directory.
     files: Option<BTreeMap<String, String>>,
+    /// Whether `files` holds base64 (the default here) or UTF-8 text (false).
+    files_base64: Option<bool>,
     limits: Option<LimitsInput>,
     /// Narrows `net.fetch` to some of the server's `[net] allow` patterns for this run.
     net_allow: Option<Vec<String>>,

@@ -125,6 +125,50 @@ async fn a_run_returns_the_result_with_files_and_what_was_clamped() {
 /// What a deterministic run prints: the clock and random bytes it sees.
 const CLOCK_AND_RANDOM: &str = "import random, time\nprint(time.time(), random.random())";
 
+/// One input for both servers: `run_python`'s spellings work over HTTP too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_takes_the_same_input_run_python_takes() {
+    let s = serve("[maxima]\nwall_timeout = \"30s\"\n", None).await;
+    let (status, r) = s
+        .post(
+            "/v1/runs",
+            json!({
+                "code": "return open('in.txt').read()",
+                "files": {"in.txt": "plain text"},
+                "files_base64": false,
+                "limits": {"timeout_seconds": 600, "memory_mib": 100},
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{r:#}");
+    assert_eq!(r["value"], json!("plain text"), "{r:#}");
+    assert_eq!(
+        r["clamped"],
+        json!([{"field": "timeout_seconds", "asked": 600, "got": 30.0}]),
+        "{r:#}"
+    );
+    for (body, status, kind) in [
+        (
+            json!({"code": "1", "limits": {"timeout_seconds": 5, "wall_timeout": "5s"}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_limits",
+        ),
+        (
+            json!({"code": "1", "session_id": "abc"}),
+            StatusCode::BAD_REQUEST,
+            "invalid_input",
+        ),
+        (
+            json!({"code": "1", "files_base64": "yes"}),
+            StatusCode::BAD_REQUEST,
+            "invalid_input",
+        ),
+    ] {
+        let (got, r) = s.post("/v1/runs", body.clone()).await;
+        assert_eq!((got, self::kind(&r)), (status, kind), "{body}: {r:#}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_with_a_seed_gives_every_run_and_session_the_same_clock_and_random_bytes() {
     let s = serve("seed = 42\n", None).await;

@@ -302,6 +302,31 @@ async fn limits_above_the_maxima_are_lowered_and_the_result_says_so() {
     );
 }
 
+/// One input for both servers: the library's limit names, as HTTP takes them, work here.
+#[tokio::test]
+async fn limits_take_the_library_names_too() {
+    let h = serve("[maxima]\nwall_timeout = \"40s\"").await;
+    let r = call(
+        &h,
+        "run_python",
+        json!({"code": "return 1", "limits": {"wall_timeout": "2m", "max_files": 3}}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(false), "{r:#?}");
+    assert_eq!(
+        structured(&r)["clamped"],
+        json!([{"field": "wall_timeout", "asked": "2m", "got": "40s"}])
+    );
+    let r = call(
+        &h,
+        "run_python",
+        json!({"code": "return 1", "limits": {"memory_mib": 100, "memory_bytes": 104857600}}),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true), "{r:#?}");
+    assert!(text(&r).contains("names both"), "{}", text(&r));
+}
+
 #[tokio::test]
 async fn a_session_keeps_state_across_three_calls_and_closes() {
     let h = serve("").await;
