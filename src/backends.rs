@@ -3,36 +3,33 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use pycage::os::BACKEND_NAMES;
-use pycage::{
-    Availability, Backend, BackendOptions, Guest, Unavailable, WasmBackend, backend_by_name,
-};
+use pycage::{Availability, Backend, BackendKind, BackendOptions, Guest, Unavailable, WasmBackend};
 use serde_json::json;
 
 use crate::cli::BackendsArgs;
 use crate::exit::Exit;
 
-/// The backend called `name`, and the wasm backend when it is that one (for the first-run
+/// The backend `kind`, and the wasm backend when it is that one (for the first-run
 /// notice); deterministic with `seed` and running `guest` (the wasm backend only); with the
 /// network when `network` (bubblewrap and docker only).
 pub fn by_name(
-    name: &str,
+    kind: BackendKind,
     seed: Option<u64>,
     guest: Option<&Path>,
     network: bool,
 ) -> Result<(Arc<dyn Backend>, Option<WasmBackend>), String> {
-    if seed.is_some() && name != "wasm" {
+    if seed.is_some() && kind != BackendKind::Wasm {
         return Err(format!(
-            "--deterministic needs the wasm backend; `{name}` runs on the host's clocks and entropy"
+            "--deterministic needs the wasm backend; `{kind}` runs on the host's clocks and entropy"
         ));
     }
-    if guest.is_some() && name != "wasm" {
+    if guest.is_some() && kind != BackendKind::Wasm {
         return Err(format!(
-            "--guest needs the wasm backend; `{name}` runs the host's own Python"
+            "--guest needs the wasm backend; `{kind}` runs the host's own Python"
         ));
     }
     let mut options = BackendOptions::new().allow_network(network);
-    let wasm = if name == "wasm" && !network {
+    let wasm = if kind == BackendKind::Wasm && !network {
         // One run needs one instance: reserve pooling slots for a few, not for a thousand.
         let mut builder = WasmBackend::builder().max_instances(2);
         if let Some(seed) = seed {
@@ -48,16 +45,16 @@ pub fn by_name(
     } else {
         None
     };
-    let backend = backend_by_name(name, &options).map_err(|e| e.to_string())?;
+    let backend = kind.backend(&options).map_err(|e| e.to_string())?;
     Ok((backend, wasm))
 }
 
 pub fn list(args: BackendsArgs) -> Exit {
     let mut wasm = None;
-    let rows: Vec<_> = BACKEND_NAMES
+    let rows: Vec<_> = BackendKind::ALL
         .iter()
-        .map(|name| {
-            let (isolation, sessions, availability) = match by_name(name, None, None, false) {
+        .map(|&kind| {
+            let (isolation, sessions, availability) = match by_name(kind, None, None, false) {
                 Ok((backend, w)) => {
                     if w.is_some() {
                         wasm = w;
@@ -74,7 +71,7 @@ pub fn list(args: BackendsArgs) -> Exit {
                     Availability::Unavailable(Unavailable::refused(e)),
                 ),
             };
-            (*name, isolation, sessions, availability)
+            (kind, isolation, sessions, availability)
         })
         .collect();
     let in_place = wasm.map(|w| w.resets_slots_in_place());
@@ -82,23 +79,23 @@ pub fn list(args: BackendsArgs) -> Exit {
     if args.json {
         let table: Vec<_> = rows
             .iter()
-            .map(|(name, isolation, sessions, availability)| {
-                let (reason, kind) = match availability {
+            .map(|(kind, isolation, sessions, availability)| {
+                let (reason, reason_kind) = match availability {
                     Availability::Available => (None, None),
                     Availability::Unavailable(why) => {
                         (Some(why.reason()), Some(why.kind().as_str()))
                     }
                 };
                 let mut row = json!({
-                    "name": name,
+                    "name": kind.name(),
                     "isolation": isolation,
                     "sessions": sessions,
                     "available": availability.is_available(),
                     "reason": reason,
-                    "reason_kind": kind,
-                    "network": network_note(name),
+                    "reason_kind": reason_kind,
+                    "network": network_note(*kind),
                 });
-                if *name == "wasm"
+                if *kind == BackendKind::Wasm
                     && let Some(in_place) = in_place
                 {
                     row["slot_reset"] = json!(if in_place { "in_place" } else { "release" });
@@ -113,14 +110,15 @@ pub fn list(args: BackendsArgs) -> Exit {
         "{:<16} {:<10} {:<9} {:<29} AVAILABILITY",
         "BACKEND", "ISOLATION", "SESSIONS", "NETWORK"
     );
-    for (name, isolation, sessions, availability) in &rows {
+    for (kind, isolation, sessions, availability) in &rows {
         let isolation = if *isolation { "yes" } else { "NONE" };
         let sessions = if *sessions { "yes" } else { "no" };
-        let note = match (*name, availability) {
-            ("local", Availability::Available) => " (only with --allow-no-isolation)",
+        let note = match (kind, availability) {
+            (BackendKind::Local, Availability::Available) => " (only with --allow-no-isolation)",
             _ => "",
         };
-        let network = network_note(name);
+        let network = network_note(*kind);
+        let name = kind.name();
         println!("{name:<16} {isolation:<10} {sessions:<9} {network:<29} {availability}{note}");
     }
     println!();
@@ -134,13 +132,13 @@ pub fn list(args: BackendsArgs) -> Exit {
     Exit::Ok
 }
 
-/// How code on the backend `name` can reach the network: the `net.fetch` tool everywhere
+/// How code on the backend `kind` can reach the network: the `net.fetch` tool everywhere
 /// (`--net-allow`); the whole network too with `--allow-network` on bubblewrap and docker;
 /// always, unfiltered, on `local`.
-pub fn network_note(name: &str) -> &'static str {
-    match name {
-        "bubblewrap" | "docker" => "--net-allow, --allow-network",
-        "local" => "unfiltered (no isolation)",
+pub fn network_note(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::Bubblewrap | BackendKind::Docker => "--net-allow, --allow-network",
+        BackendKind::Local => "unfiltered (no isolation)",
         _ => "--net-allow",
     }
 }

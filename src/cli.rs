@@ -491,10 +491,9 @@ pub struct SandboxArgs {
     #[arg(long = "max-files", value_name = "N")]
     pub max_files: Option<u32>,
 
-    /// The sandbox backend: wasm, bubblewrap, docker, seatbelt, windows, local,
-    /// wasm+bubblewrap (`pycage backends` shows which can run here) [default: wasm].
-    #[arg(long, value_name = "NAME")]
-    pub backend: Option<String>,
+    /// The sandbox backend (`pycage backends` shows which can run here) [default: wasm].
+    #[arg(long, value_name = "NAME", value_parser = backend_kind())]
+    pub backend: Option<pycage::BackendKind>,
 
     /// Accept a backend without an isolation boundary (`local`): the code runs with your
     /// user's files, network and processes.
@@ -544,4 +543,13 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 fn parse_size(s: &str) -> Result<u64, String> {
     pycage_tools::units::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// `--backend`'s parser: one of [`pycage::BackendKind`]'s names, which clap lists in help
+/// and in its error for any other.
+fn backend_kind() -> impl clap::builder::TypedValueParser<Value = pycage::BackendKind> {
+    use clap::builder::TypedValueParser as _;
+    let names = pycage::BackendKind::ALL.map(pycage::BackendKind::name);
+    clap::builder::PossibleValuesParser::new(names)
+        .try_map(|name| name.parse::<pycage::BackendKind>())
 }

@@ -172,8 +172,8 @@ pub(crate) fn apply_sandbox_flags(
     if !approve.is_empty() {
         config.policy.approve = approve.to_vec();
     }
-    if let Some(backend) = &flags.backend {
-        config.backend.clone_from(backend);
+    if let Some(backend) = flags.backend {
+        config.backend = backend;
     }
     config.allow_no_isolation |= flags.allow_no_isolation;
     if flags.guest.is_some() {

@@ -84,7 +84,7 @@ pub fn runner(
     journal_key: Option<JournalKey>,
 ) -> Result<(Runner, Option<WasmBackend>), String> {
     let (backend, wasm) = backends::by_name(
-        args.backend.as_deref().unwrap_or("wasm"),
+        args.backend.unwrap_or_default(),
         args.seed(),
         args.guest.as_deref(),
         args.allow_network,
@@ -164,7 +164,7 @@ pub async fn prepare_server_guest(
     config: &pycage_server::ServerConfig,
 ) -> Result<(), (crate::exit::Exit, String)> {
     use crate::exit::Exit;
-    if config.backend != "wasm" {
+    if config.backend != pycage::BackendKind::Wasm {
         return Ok(());
     }
     let wasm = match pycage_server::guest_backend(config).map_err(|e| (Exit::Usage, e))? {

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::broker::ToolGate;
@@ -304,7 +305,131 @@ impl BackendOptions {
     }
 }
 
-/// Why [`backend_by_name`] could not give a backend.
+/// A built-in backend, named as `--backend`, `pycage backends` and a server's `backend`
+/// name it: the one list of names the CLI, the servers and the library share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// CPython compiled to WASI, in wasmtime in this process (the default).
+    #[default]
+    Wasm,
+    /// The host's Python in a bubblewrap sandbox (Linux).
+    Bubblewrap,
+    /// The host's Python in a Docker container.
+    Docker,
+    /// The host's Python under a Seatbelt profile (macOS).
+    Seatbelt,
+    /// The host's Python in an AppContainer (Windows).
+    Windows,
+    /// The host's Python with no isolation at all.
+    Local,
+    /// The wasm backend in a worker process inside bubblewrap (Linux).
+    #[serde(rename = "wasm+bubblewrap")]
+    WasmBubblewrap,
+}
+
+impl BackendKind {
+    /// Every backend, in the order `pycage backends` lists them.
+    pub const ALL: [BackendKind; 7] = [
+        BackendKind::Wasm,
+        BackendKind::Bubblewrap,
+        BackendKind::Docker,
+        BackendKind::Seatbelt,
+        BackendKind::Windows,
+        BackendKind::Local,
+        BackendKind::WasmBubblewrap,
+    ];
+
+    /// Its name (`wasm+bubblewrap`), as [`Backend::name`] gives it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackendKind::Wasm => "wasm",
+            BackendKind::Bubblewrap => "bubblewrap",
+            BackendKind::Docker => "docker",
+            BackendKind::Seatbelt => "seatbelt",
+            BackendKind::Windows => "windows",
+            BackendKind::Local => "local",
+            BackendKind::WasmBubblewrap => "wasm+bubblewrap",
+        }
+    }
+
+    /// Whether its sandbox can be given the network
+    /// ([`BackendOptions::allow_network`]): bubblewrap and docker, and `local`, which has
+    /// the host's anyway.
+    pub const fn can_have_network(self) -> bool {
+        matches!(
+            self,
+            BackendKind::Bubblewrap | BackendKind::Docker | BackendKind::Local
+        )
+    }
+
+    /// The backend, with `options`. A backend that cannot run on this host is still
+    /// returned; its [`availability`](Backend::availability) says why not.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError`] when the network is asked of a backend that cannot give it, or the
+    /// backend cannot even be constructed.
+    pub fn backend(self, options: &BackendOptions) -> Result<Arc<dyn Backend>, BackendError> {
+        use crate::os::{
+            BubblewrapBackend, DockerBackend, LayeredBackend, LocalBackend, SeatbeltBackend,
+            WindowsBackend,
+        };
+        if options.network && !self.can_have_network() {
+            return Err(BackendError::NoNetwork(self));
+        }
+        Ok(match self {
+            BackendKind::Wasm => Arc::new(match &options.wasm {
+                Some(wasm) => wasm.clone(),
+                None => crate::WasmBackend::shared().map_err(BackendError::Wasm)?,
+            }),
+            BackendKind::Bubblewrap => {
+                Arc::new(BubblewrapBackend::new().allow_network(options.network))
+            }
+            BackendKind::Docker => Arc::new(DockerBackend::new().allow_network(options.network)),
+            BackendKind::Seatbelt => Arc::new(SeatbeltBackend::new()),
+            BackendKind::Windows => Arc::new(WindowsBackend::new()),
+            BackendKind::Local => Arc::new(LocalBackend::new()),
+            BackendKind::WasmBubblewrap => {
+                let worker = match &options.worker {
+                    Some(exe) => exe.clone(),
+                    None => std::env::current_exe().map_err(|e| {
+                        BackendError::Worker(format!("cannot find this executable: {e}"))
+                    })?,
+                };
+                let cache = crate::wasm::default_cache_dir().ok_or_else(|| {
+                    BackendError::Worker(
+                        "needs the artifact cache (PYCAGE_CACHE_DIR is `off` or no cache \
+                         directory is known)"
+                            .into(),
+                    )
+                })?;
+                Arc::new(LayeredBackend::new(worker, cache))
+            }
+        })
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = BackendError;
+
+    /// The backend named `name`, exactly as [`name`](Self::name) gives it.
+    fn from_str(name: &str) -> Result<Self, BackendError> {
+        BackendKind::ALL
+            .into_iter()
+            .find(|kind| kind.name() == name)
+            .ok_or_else(|| BackendError::Unknown(name.to_owned()))
+    }
+}
+
+/// Why [`BackendKind::backend`] or [`backend_by_name`] could not give a backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BackendError {
@@ -315,23 +440,22 @@ pub enum BackendError {
     /// The layered backend has no worker executable or no artifact cache to give its worker.
     Worker(String),
     /// [`BackendOptions::allow_network`] asked for the network of a backend that cannot give
-    /// its sandbox one; the error carries its name.
-    NoNetwork(String),
+    /// its sandbox one.
+    NoNetwork(BackendKind),
 }
 
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            BackendError::Unknown(name) => write!(
-                f,
-                "unknown backend `{name}` (one of: {})",
-                crate::os::BACKEND_NAMES.join(", ")
-            ),
+            BackendError::Unknown(name) => {
+                let names: Vec<&str> = BackendKind::ALL.iter().map(|k| k.name()).collect();
+                write!(f, "unknown backend `{name}` (one of: {})", names.join(", "))
+            }
             BackendError::Wasm(e) => write!(f, "wasm: {e}"),
             BackendError::Worker(why) => write!(f, "wasm+bubblewrap: {why}"),
-            BackendError::NoNetwork(name) => write!(
+            BackendError::NoNetwork(kind) => write!(
                 f,
-                "backend `{name}` cannot give its sandbox the network (only bubblewrap and \
+                "backend `{kind}` cannot give its sandbox the network (only bubblewrap and \
                  docker can); reach hosts through the net.fetch tool instead (--net-allow HOST)"
             ),
         }
@@ -340,57 +464,17 @@ impl fmt::Display for BackendError {
 
 impl std::error::Error for BackendError {}
 
-/// The backend called `name`, as `--backend` takes it (one of
-/// [`os::BACKEND_NAMES`](crate::os::BACKEND_NAMES)), with its default settings: the one list
-/// of names the CLI and the servers share. A backend that cannot run on this host is still
-/// returned; its [`availability`](Backend::availability) says why not.
+/// The backend called `name` ([`BackendKind`]'s names), with `options`: `name.parse()` then
+/// [`BackendKind::backend`].
 ///
 /// # Errors
 ///
-/// [`BackendError`] for an unknown name, or when the backend cannot even be constructed.
+/// [`BackendError`] for an unknown name, or as [`BackendKind::backend`].
 pub fn backend_by_name(
     name: &str,
     options: &BackendOptions,
 ) -> Result<Arc<dyn Backend>, BackendError> {
-    use crate::os::{
-        BubblewrapBackend, DockerBackend, LayeredBackend, LocalBackend, SeatbeltBackend,
-        WindowsBackend,
-    };
-    if options.network && !crate::os::NETWORK_BACKENDS.contains(&name) {
-        return Err(if crate::os::BACKEND_NAMES.contains(&name) {
-            BackendError::NoNetwork(name.to_owned())
-        } else {
-            BackendError::Unknown(name.to_owned())
-        });
-    }
-    Ok(match name {
-        "wasm" => Arc::new(match &options.wasm {
-            Some(wasm) => wasm.clone(),
-            None => crate::WasmBackend::shared().map_err(BackendError::Wasm)?,
-        }),
-        "bubblewrap" => Arc::new(BubblewrapBackend::new().allow_network(options.network)),
-        "docker" => Arc::new(DockerBackend::new().allow_network(options.network)),
-        "seatbelt" => Arc::new(SeatbeltBackend::new()),
-        "windows" => Arc::new(WindowsBackend::new()),
-        "local" => Arc::new(LocalBackend::new()),
-        "wasm+bubblewrap" => {
-            let worker = match &options.worker {
-                Some(exe) => exe.clone(),
-                None => std::env::current_exe().map_err(|e| {
-                    BackendError::Worker(format!("cannot find this executable: {e}"))
-                })?,
-            };
-            let cache = crate::wasm::default_cache_dir().ok_or_else(|| {
-                BackendError::Worker(
-                    "needs the artifact cache (PYCAGE_CACHE_DIR is `off` or no cache \
-                     directory is known)"
-                        .into(),
-                )
-            })?;
-            Arc::new(LayeredBackend::new(worker, cache))
-        }
-        other => return Err(BackendError::Unknown(other.to_owned())),
-    })
+    name.parse::<BackendKind>()?.backend(options)
 }
 
 #[cfg(test)]
@@ -407,17 +491,32 @@ mod tests {
         let options = BackendOptions::new()
             .wasm(wasm)
             .worker("/usr/bin/pycage-worker".into());
-        for name in crate::os::BACKEND_NAMES {
-            let backend = backend_by_name(name, &options).unwrap();
-            assert_eq!(backend.name(), *name);
+        for kind in BackendKind::ALL {
+            let backend = backend_by_name(kind.name(), &options).unwrap();
+            assert_eq!(backend.name(), kind.name());
+            assert_eq!(kind.name().parse::<BackendKind>().unwrap(), kind);
+            let json = serde_json::to_value(kind).unwrap();
+            assert_eq!(json, serde_json::json!(kind.name()));
+            assert_eq!(serde_json::from_value::<BackendKind>(json).unwrap(), kind);
         }
         let networked = options.clone().allow_network(true);
-        for name in ["bubblewrap", "docker", "local"] {
-            assert_eq!(backend_by_name(name, &networked).unwrap().name(), name);
+        let (open, closed): (Vec<_>, Vec<_>) = BackendKind::ALL
+            .into_iter()
+            .partition(|k| k.can_have_network());
+        assert_eq!(
+            open,
+            [
+                BackendKind::Bubblewrap,
+                BackendKind::Docker,
+                BackendKind::Local
+            ]
+        );
+        for kind in open {
+            assert_eq!(kind.backend(&networked).unwrap().name(), kind.name());
         }
-        for name in ["wasm", "wasm+bubblewrap", "seatbelt", "windows"] {
-            let refused = backend_by_name(name, &networked).err().unwrap();
-            assert_eq!(refused, BackendError::NoNetwork(name.into()));
+        for kind in closed {
+            let refused = kind.backend(&networked).err().unwrap();
+            assert_eq!(refused, BackendError::NoNetwork(kind));
             assert!(refused.to_string().contains("net.fetch"), "{refused}");
         }
         let unknown = backend_by_name("wasm ", &options).err();

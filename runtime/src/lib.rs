@@ -28,8 +28,8 @@ mod session;
 pub mod wasm;
 
 pub use backend::{
-    Availability, Backend, BackendError, BackendOptions, BackendSession, Job, Unavailable,
-    UnavailableKind, backend_by_name,
+    Availability, Backend, BackendError, BackendKind, BackendOptions, BackendSession, Job,
+    Unavailable, UnavailableKind, backend_by_name,
 };
 pub use broker::{Broker, CallError, Observers, ToolCallEvent, ToolCallObserver, ToolGate};
 pub use capture::OutputMeter;

@@ -82,19 +82,3 @@ pub use self::seatbelt::SeatbeltBackend;
 pub use self::server::SocketServer;
 pub use self::token::Token;
 pub use self::windows::WindowsBackend;
-
-/// Every backend name `--backend` takes, in the order `pycage backends` lists them.
-pub const BACKEND_NAMES: &[&str] = &[
-    "wasm",
-    "bubblewrap",
-    "docker",
-    "seatbelt",
-    "windows",
-    "local",
-    "wasm+bubblewrap",
-];
-
-/// The backends whose sandbox can be given the network
-/// ([`BackendOptions::allow_network`](crate::BackendOptions::allow_network)): bubblewrap and
-/// docker, and `local`, which has the host's anyway.
-pub const NETWORK_BACKENDS: &[&str] = &["bubblewrap", "docker", "local"];

@@ -47,8 +47,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
-    /// The backend's name, as `pycage backends` lists them (default `wasm`).
-    pub backend: String,
+    /// The backend, by its name as `pycage backends` lists them (default `wasm`).
+    pub backend: pycage::BackendKind,
     /// Accept a backend that provides no isolation (`local`). Off by default.
     pub allow_no_isolation: bool,
     /// Give a bubblewrap or docker sandbox the network, unfiltered (`--allow-network`). Off
@@ -90,7 +90,7 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            backend: "wasm".into(),
+            backend: pycage::BackendKind::Wasm,
             allow_no_isolation: false,
             allow_network: false,
             net: pycage_tools::net::NetConfig::default(),
@@ -338,20 +338,20 @@ impl ServerConfig {
         self.sessions
             .validate()
             .map_err(|e| ConfigError::Invalid(format!("[sessions]: {}", e.message)))?;
-        if self.guest.is_some() && self.backend != "wasm" {
+        if self.guest.is_some() && self.backend != pycage::BackendKind::Wasm {
             return Err(ConfigError::Invalid(format!(
                 "guest needs backend = \"wasm\"; `{}` runs the host's own Python",
                 self.backend
             )));
         }
-        if self.seed.is_some() && self.backend != "wasm" {
+        if self.seed.is_some() && self.backend != pycage::BackendKind::Wasm {
             return Err(ConfigError::Invalid(format!(
                 "seed (deterministic runs) needs backend = \"wasm\"; `{}` runs on the host's \
                  clocks and entropy",
                 self.backend
             )));
         }
-        if self.allow_network && !pycage::os::NETWORK_BACKENDS.contains(&self.backend.as_str()) {
+        if self.allow_network && !self.backend.can_have_network() {
             return Err(ConfigError::Invalid(format!(
                 "allow_network needs backend = \"bubblewrap\" or \"docker\"; `{}` has no \
                  network to give (list hosts under [net] allow for the net.fetch tool)",

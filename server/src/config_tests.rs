@@ -4,7 +4,7 @@ use super::*;
 fn an_empty_file_is_the_defaults() {
     let config = ServerConfig::from_toml("").unwrap();
     assert_eq!(config, ServerConfig::default());
-    assert_eq!(config.backend, "wasm");
+    assert_eq!(config.backend, pycage::BackendKind::Wasm);
     assert_eq!(config.runs.max_concurrent, 4);
     config.validate().unwrap();
 }
@@ -33,7 +33,7 @@ fn every_table_reads() {
         "#,
     )
     .unwrap();
-    assert_eq!(config.backend, "bubblewrap");
+    assert_eq!(config.backend, pycage::BackendKind::Bubblewrap);
     assert_eq!(config.policy.allow, ["add"]);
     assert_eq!(config.sessions.max_sessions, 3);
     assert_eq!(config.runs.queue_timeout, Duration::from_millis(250));

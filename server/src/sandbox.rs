@@ -1,7 +1,7 @@
 //! The runner a [`ServerConfig`] makes: its backend, the built-in and command tools, and
 //! the policy over them.
 
-use pycage::{BackendOptions, BuildError, Limits, Runner, ToolPolicy, backend_by_name};
+use pycage::{BackendOptions, BuildError, Limits, Runner, ToolPolicy};
 use pycage_tools::ToolRegistry;
 
 use crate::config::ServerConfig;
@@ -41,7 +41,10 @@ pub fn runner(
     if let Some(wasm) = guest_backend(config)? {
         options = options.wasm(wasm);
     }
-    let backend = backend_by_name(&config.backend, &options).map_err(|e| e.to_string())?;
+    let backend = config
+        .backend
+        .backend(&options)
+        .map_err(|e| e.to_string())?;
     if let pycage::Availability::Unavailable(why) = backend.availability() {
         return Err(format!(
             "backend `{}` cannot run here: {why}",

@@ -265,7 +265,10 @@ fn usage_errors_exit_2_and_say_why() {
             "the integer 18446744073709551616 is outside",
         ),
         (&["run", "-c", "1", "--var", "not-an-ident=1"], "identifier"),
-        (&["run", "-c", "1", "--backend", "nope"], "unknown backend"),
+        (
+            &["run", "-c", "1", "--backend", "nope"],
+            "possible values: wasm, bubblewrap",
+        ),
         (&["run", "-c", "1", "--namespace", "nope"], "nope"),
         (&["run", "-c", "1", "--allow", "math.nope"], "math.nope"),
         (&["run", "/no/such/file.py"], "/no/such/file.py"),
@@ -454,8 +457,8 @@ fn backends_lists_each_backend_and_how_wasm_slots_are_reset() {
     let table = json_result(&out);
     let rows = table.as_array().expect("a list of backends");
     let names: Vec<_> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
-    for name in pycage::os::BACKEND_NAMES {
-        assert!(names.contains(name), "{name} is missing: {names:?}");
+    for kind in pycage::BackendKind::ALL {
+        assert!(names.contains(&kind.name()), "{kind} is missing: {names:?}");
     }
     let wasm = rows.iter().find(|r| r["name"] == "wasm").unwrap();
     // No swap here means in place, where the kernel can scan; any swap means release.
