@@ -233,6 +233,23 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// True when nothing ran because the request was refused: bad input, a session's state
+    /// (not found, busy, ended, too many), a busy server, or an ask the backend cannot do.
+    /// The other kinds are a run's own outcome. A server answers a refusal as an error of
+    /// the request (an HTTP status), and an outcome as a result.
+    pub fn is_refusal(self) -> bool {
+        matches!(
+            self,
+            ErrorKind::InvalidInput
+                | ErrorKind::Unsupported
+                | ErrorKind::SessionEnded
+                | ErrorKind::SessionBusy
+                | ErrorKind::SessionNotFound
+                | ErrorKind::TooManySessions
+                | ErrorKind::Busy
+        )
+    }
+
     /// The snake_case name, as serialized.
     pub fn as_str(self) -> &'static str {
         match self {

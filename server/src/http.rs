@@ -131,7 +131,7 @@ impl HttpApi {
 
     /// Counts a finished run in the metrics (a refusal is counted by the metrics layer).
     fn record(&self, result: &RunResult) {
-        if !result.error.as_ref().is_some_and(|e| is_refusal(e.kind)) {
+        if !result.error.as_ref().is_some_and(|e| e.kind.is_refusal()) {
             self.metrics.ran(result);
         }
     }
@@ -290,7 +290,7 @@ fn respond(
     replacements: Vec<Arc<dyn pycage_tools::Tool>>,
 ) -> Response {
     if let Some(error) = &result.error
-        && is_refusal(error.kind)
+        && error.kind.is_refusal()
     {
         return ApiError::of_run(error).into_response();
     }
@@ -317,19 +317,6 @@ fn name_session(response: &mut Response, id: &SessionId) {
     if let Ok(value) = HeaderValue::from_str(id.as_str()) {
         response.headers_mut().insert(SESSION_HEADER, value);
     }
-}
-
-/// Errors the request caused (refused before the code ran), as opposed to the code's own.
-fn is_refusal(kind: ErrorKind) -> bool {
-    matches!(
-        kind,
-        ErrorKind::InvalidInput
-            | ErrorKind::SessionNotFound
-            | ErrorKind::SessionBusy
-            | ErrorKind::TooManySessions
-            | ErrorKind::Busy
-            | ErrorKind::Unsupported
-    )
 }
 
 #[utoipa::path(

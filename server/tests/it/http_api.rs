@@ -339,6 +339,27 @@ async fn a_session_keeps_state_across_runs_until_it_is_closed() {
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
+/// A run that ends its session is a result (200, its own error); a run sent after it is
+/// refused with 410, as nothing ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_in_an_ended_session_is_410() {
+    let s = serve("", None).await;
+    let (status, created) = s.post("/v1/sessions", json!({})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created:#}");
+    let runs = format!("/v1/sessions/{}/runs", created["id"].as_str().unwrap());
+    let spin = json!({"code": "while True: pass", "limits": {"fuel": 20_000_000}});
+    let (status, r) = s.post(&runs, spin).await;
+    assert_eq!(status, StatusCode::OK, "{r:#}");
+    assert_eq!(r["error"]["kind"], json!("fuel_exhausted"), "{r:#}");
+    assert_eq!(r["session_ended"], json!(true), "{r:#}");
+    let (status, r) = s.post(&runs, json!({"code": "return 1"})).await;
+    assert_eq!(
+        (status, kind(&r)),
+        (StatusCode::GONE, "session_ended"),
+        "{r:#}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beyond_the_runs_and_the_queue_a_request_gets_429_with_retry_after() {
     // No room to wait: refused at once; room, but no slot within `queue_timeout`: refused
