@@ -28,6 +28,8 @@
 //! max_runs = 64
 //! max_run_bytes = 4194304
 //! max_total_bytes = 67108864
+//! max_runs_per_client = 16  # one MCP session's share (streamable HTTP)
+//! max_bytes_per_client = 16777216
 //!
 //! [[upstream]]        # code mode: another MCP server's tools as `fs.*` in the code
 //! name = "fs"
@@ -415,10 +417,13 @@ impl ServerConfig {
             || suspended.max_runs == 0
             || suspended.max_run_bytes == 0
             || suspended.max_total_bytes < suspended.max_run_bytes
+            || suspended.max_runs_per_client == 0
+            || suspended.max_bytes_per_client < suspended.max_run_bytes
         {
             return Err(ConfigError::Invalid(
-                "[suspended] ttl, max_runs and max_run_bytes must be above zero, and \
-                 max_total_bytes at least max_run_bytes"
+                "[suspended] ttl, max_runs, max_run_bytes and max_runs_per_client must be \
+                 above zero, and max_total_bytes and max_bytes_per_client at least \
+                 max_run_bytes"
                     .into(),
             ));
         }

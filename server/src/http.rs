@@ -300,6 +300,8 @@ fn respond(
         clamped,
         session.cloned(),
         replacements,
+        // One token: the API cannot tell its clients apart (SuspendedConfig).
+        None,
     );
     let reply = match settled {
         Ok(reply) => reply,

@@ -154,7 +154,9 @@ impl McpServer {
                 }
             }
         };
-        self.tool.run(&input, on_progress).await
+        self.tool
+            .run_for(client(context), &input, on_progress)
+            .await
     }
 }
 
@@ -298,6 +300,15 @@ impl McpServer {
             }
         }
     }
+}
+
+/// The client a call comes from, where the transport tells clients apart: the MCP session
+/// of a call over streamable HTTP (its `Mcp-Session-Id`, which the server issued). A stdio
+/// server has one client, and a stateless request names none.
+fn client(context: &RequestContext<RoleServer>) -> Option<String> {
+    let parts = context.extensions.get::<axum::http::request::Parts>()?;
+    let session = parts.headers.get("mcp-session-id")?.to_str().ok()?;
+    Some(format!("mcp-session:{session}"))
 }
 
 /// The approval question for a person: the call, its tool and arguments; accepting it

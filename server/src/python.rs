@@ -243,7 +243,23 @@ impl PythonTool {
     /// Runs one `run_python` call, calling `on_progress` every progress interval while it
     /// runs. Dropping the future cancels the run at once and frees its slot (a session's run
     /// cancelled so ends the session).
-    pub async fn run<F, Fut>(&self, input: &Value, mut on_progress: F) -> ToolOutput
+    pub async fn run<F, Fut>(&self, input: &Value, on_progress: F) -> ToolOutput
+    where
+        F: FnMut(Progress) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        self.run_for(None, input, on_progress).await
+    }
+
+    /// [`run`](Self::run) for `client`, a name the server gives one client (an MCP session):
+    /// a run it leaves suspended counts against that client's share of the suspended-run
+    /// store ([`SuspendedConfig::max_runs_per_client`](crate::suspended::SuspendedConfig)).
+    pub async fn run_for<F, Fut>(
+        &self,
+        client: Option<String>,
+        input: &Value,
+        mut on_progress: F,
+    ) -> ToolOutput
     where
         F: FnMut(Progress) -> Fut,
         Fut: Future<Output = ()>,
@@ -286,6 +302,7 @@ impl PythonTool {
                 call.session.as_ref().map(|(id, _)| id),
                 &call.clamped,
                 call.replacements,
+                client,
             ),
             Err(error) => self.failed(&error),
         }
@@ -425,8 +442,9 @@ impl PythonTool {
         run: crate::suspended::SuspendedRun,
         decision: Decision,
     ) -> ToolOutput {
+        let client = run.client.clone();
         match self.service.resume(id, run, decision).await {
-            Ok((result, replacements)) => self.render(result, None, &[], replacements),
+            Ok((result, replacements)) => self.render(result, None, &[], replacements, client),
             Err(refused) => self.failed(&refused.into()),
         }
     }
@@ -438,6 +456,7 @@ impl PythonTool {
         session: Option<&SessionId>,
         clamped: &[Clamped],
         replacements: Vec<Arc<dyn pycage_tools::Tool>>,
+        client: Option<String>,
     ) -> ToolOutput {
         let settled = Reply::settle(
             &self.service.suspended,
@@ -445,6 +464,7 @@ impl PythonTool {
             clamped.to_vec(),
             session.cloned(),
             replacements,
+            client,
         );
         match settled {
             Ok(reply) => output(reply),

@@ -11,7 +11,7 @@ fn a_result_renders_to_the_output_schema_shape() {
         .collect();
     let store = crate::SuspendedRuns::default();
     let result = RunResult::builder("wasm", Ok(json!(15))).build();
-    let out = output(Reply::settle(&store, result, Vec::new(), None, Vec::new()).unwrap());
+    let out = output(Reply::settle(&store, result, Vec::new(), None, Vec::new(), None).unwrap());
     assert!(!out.is_error);
     assert_eq!(out.structured["value"], 15);
     assert_eq!(out.text, "ok\nvalue: 15\n");

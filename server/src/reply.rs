@@ -59,7 +59,8 @@ pub struct Reply {
 
 impl Reply {
     /// `result` as a reply: a suspended run is kept in `store` with its `replacements`, for
-    /// its resume; one too big to keep fails as its own outcome (like any limit it hit).
+    /// its resume, counted against `client`'s share; one too big to keep fails as its own
+    /// outcome (like any limit it hit).
     ///
     /// # Errors
     ///
@@ -70,12 +71,13 @@ impl Reply {
         clamped: Vec<Clamped>,
         session: Option<SessionId>,
         replacements: Vec<Arc<dyn pycage_tools::Tool>>,
+        client: Option<String>,
     ) -> Result<Self, RunError> {
         result.journal = None;
         let mut pending = None;
         if let Some(state) = result.suspended.take() {
             let call = state.pending.clone();
-            match store.keep(SuspendedRun::new(state, replacements)) {
+            match store.keep(SuspendedRun::new(state, replacements).for_client(client)) {
                 Ok(run_id) => pending = Some(PendingApproval { run_id, call }),
                 Err(error) if error.kind == ErrorKind::Busy => return Err(error),
                 Err(error) => {

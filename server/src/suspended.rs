@@ -25,6 +25,14 @@ pub struct SuspendedConfig {
     /// The most bytes all kept runs may hold together (default 64 MiB): past it a run that
     /// stops for approval is refused as `busy`.
     pub max_total_bytes: usize,
+    /// The most suspended runs one client may have kept at once (default 16, a quarter of
+    /// `max_runs`), so that one client cannot take every slot. A client is what the server
+    /// can tell apart: an MCP session over streamable HTTP. Runs of clients it cannot tell
+    /// apart (`pycage serve`'s, which share one token; a stdio server's one client) count
+    /// only against the totals.
+    pub max_runs_per_client: usize,
+    /// The most bytes one client's kept runs may hold together (default 16 MiB).
+    pub max_bytes_per_client: usize,
 }
 
 impl Default for SuspendedConfig {
@@ -34,6 +42,8 @@ impl Default for SuspendedConfig {
             max_runs: 64,
             max_run_bytes: 4 << 20,
             max_total_bytes: 64 << 20,
+            max_runs_per_client: 16,
+            max_bytes_per_client: 16 << 20,
         }
     }
 }
@@ -51,6 +61,9 @@ pub struct SuspendedRun {
     /// also speaks on (MCP's `resume_run`; see [`SuspendedRuns::issue_code`]); `None` until
     /// one is issued, and then such a channel can only deny.
     pub approval_code: Option<String>,
+    /// The client whose run it is, where the server can tell clients apart (see
+    /// [`SuspendedConfig::max_runs_per_client`]); a resume that stops again keeps it.
+    pub client: Option<String>,
 }
 
 impl SuspendedRun {
@@ -60,7 +73,15 @@ impl SuspendedRun {
             state,
             replacements,
             approval_code: None,
+            client: None,
         }
+    }
+
+    /// The same run, counted against `client`'s share.
+    #[must_use]
+    pub fn for_client(mut self, client: Option<String>) -> Self {
+        self.client = client;
+        self
     }
 }
 
@@ -75,6 +96,7 @@ impl std::fmt::Debug for SuspendedRun {
             .field("state", &self.state)
             .field("replacements", &tools)
             .field("approval_code", &self.approval_code.as_ref().map(|_| "…"))
+            .field("client", &self.client)
             .finish()
     }
 }
@@ -119,8 +141,9 @@ impl SuspendedRuns {
     /// # Errors
     ///
     /// `tool_call_limit` when the run's state is larger than a run may keep; `busy` when
-    /// the store holds as many live runs, or as many bytes, as it may (expired ones are
-    /// dropped first); `backend_error` when no id can be made.
+    /// the store holds as many live runs, or as many bytes, as it may, in all or for the
+    /// run's client (expired ones are dropped first); `backend_error` when no id can be
+    /// made.
     pub fn keep(&self, run: SuspendedRun) -> Result<String, RunError> {
         // The state's size as JSON: what it holds of the calls' arguments and results.
         let bytes = serde_json::to_vec(&run.state).map_or(usize::MAX, |v| v.len());
@@ -152,6 +175,25 @@ impl SuspendedRuns {
                     limits.max_total_bytes
                 ),
             ));
+        }
+        if let Some(client) = &run.client {
+            let (count, bytes_held) = runs
+                .values()
+                .filter(|e| e.run.client.as_ref() == Some(client))
+                .fold((0, 0usize), |(n, b), e| (n + 1, b.saturating_add(e.bytes)));
+            if count >= limits.max_runs_per_client
+                || bytes_held.saturating_add(bytes) > limits.max_bytes_per_client
+            {
+                return Err(RunError::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "the run stopped for approval, but this client already has {count} \
+                         suspended runs kept ({bytes_held} bytes; one client may keep at most \
+                         {} runs, {} bytes); resume or deny some, then run it again",
+                        limits.max_runs_per_client, limits.max_bytes_per_client
+                    ),
+                ));
+            }
         }
         let id = new_id()?;
         let entry = Entry {
@@ -392,6 +434,8 @@ mod tests {
             max_runs,
             max_run_bytes,
             max_total_bytes,
+            max_runs_per_client: max_runs,
+            max_bytes_per_client: max_total_bytes,
         }
     }
 
@@ -429,6 +473,43 @@ mod tests {
         assert_eq!(full.kind, ErrorKind::Busy, "{}", full.message);
         assert!(store.take(&at).is_some());
         store.keep(run(10_000 - base)).unwrap();
+    }
+
+    /// Issue 37, hole 3: one client cannot take every slot, nor every byte; runs of no
+    /// known client count only against the totals.
+    #[test]
+    fn one_client_keeps_at_most_its_share() {
+        let store = SuspendedRuns::new(SuspendedConfig {
+            max_runs_per_client: 2,
+            max_bytes_per_client: 1 << 20,
+            ..config(4, 1 << 20, 4 << 20)
+        });
+        let of = |client: &str| run(1).for_client(Some(client.into()));
+        let first = store.keep(of("a")).unwrap();
+        store.keep(of("a")).unwrap();
+        let third = store.keep(of("a")).unwrap_err();
+        assert_eq!(third.kind, ErrorKind::Busy, "{}", third.message);
+        assert!(third.message.contains("this client"), "{}", third.message);
+        store.keep(of("b")).unwrap();
+        store.keep(run(1)).unwrap();
+        // The totals still hold: four kept.
+        assert_eq!(store.keep(of("c")).unwrap_err().kind, ErrorKind::Busy);
+        // A run taken and resumed frees its client's place.
+        let taken = store.take(&first).unwrap();
+        assert_eq!(taken.client.as_deref(), Some("a"));
+        store.keep(taken).unwrap();
+        // Bytes: two runs of 600 KiB do not fit a client's 1 MiB.
+        let bytes = SuspendedRuns::new(SuspendedConfig {
+            max_runs_per_client: 10,
+            max_bytes_per_client: 1 << 20,
+            ..config(10, 1 << 20, 8 << 20)
+        });
+        let big = || run(600 << 10).for_client(Some("a".into()));
+        bytes.keep(big()).unwrap();
+        assert_eq!(bytes.keep(big()).unwrap_err().kind, ErrorKind::Busy);
+        bytes
+            .keep(run(600 << 10).for_client(Some("b".into())))
+            .unwrap();
     }
 
     /// Issue 37, hole 4: the model's own `approve` needs the person's code; deny does not.

@@ -179,3 +179,69 @@ async fn mcp_sessions_are_capped() {
     assert!(closed.status().is_success(), "{}", closed.status());
     assert_eq!(initialize().await.unwrap().status(), StatusCode::OK);
 }
+
+/// Issue 37, hole 3: one client (an MCP session) keeps at most its share of the suspended
+/// runs, so another client's gated run is still kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_mcp_session_keeps_at_most_its_share_of_suspended_runs() {
+    use rmcp::ServiceExt as _;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::StreamableHttpClientTransport;
+
+    let config = ServerConfig::from_toml(
+        "[policy]\nallow = [\"echo\"]\napprove = [\"echo\"]\n\
+         [suspended]\nmax_runs = 8\nmax_runs_per_client = 2\n",
+    )
+    .unwrap();
+    let tool = Arc::new(PythonTool::start(&config).await.unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let http = config.http.clone();
+    tokio::spawn(async move {
+        pycage_server::mcp::http::serve(tool, &http, None, listener, CancellationToken::new())
+            .await
+            .unwrap()
+    });
+    pycage_tools::net::install_crypto_provider();
+    let connect = || async {
+        let transport = StreamableHttpClientTransport::from_uri(format!("http://{addr}{MCP_PATH}"));
+        ().serve(transport).await.unwrap()
+    };
+    let gated = || {
+        let code = serde_json::json!({"code": "return await echo(text='go')"});
+        let serde_json::Value::Object(arguments) = code else {
+            unreachable!()
+        };
+        CallToolRequestParams::new("run_python").with_arguments(arguments)
+    };
+    let status = |r: &rmcp::model::CallToolResult| {
+        let s = r.structured_content.clone().unwrap_or_default();
+        (
+            s["status"].as_str().unwrap_or("").to_owned(),
+            s["error"]["kind"].clone(),
+            s,
+        )
+    };
+    let greedy = connect().await;
+    for _ in 0..2 {
+        let r = greedy.call_tool(gated()).await.unwrap();
+        let (state, _, s) = status(&r);
+        assert_eq!(state, "suspended", "{s:#}");
+    }
+    let r = greedy.call_tool(gated()).await.unwrap();
+    let (_, kind, s) = status(&r);
+    assert_eq!(kind, "busy", "{s:#}");
+    assert!(
+        s["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("this client"),
+        "{s:#}"
+    );
+    let other = connect().await;
+    let r = other.call_tool(gated()).await.unwrap();
+    let (state, _, s) = status(&r);
+    assert_eq!(state, "suspended", "another client is not shut out: {s:#}");
+    let _ = greedy.cancel().await;
+    let _ = other.cancel().await;
+}
