@@ -2,11 +2,14 @@
 //!
 //! Every figure comes from this run on this machine: pycage's cases and the native baselines
 //! (`python3 -I -S` as a subprocess, and bubblewrap around it where present) are measured one
-//! after the other, so the ratios compare like with like.
+//! after the other, so the ratios compare like with like. With `--peers PYTHON` the peer
+//! sandboxes that Python imports (pydantic-monty) run the same snippets, one sample of each
+//! side in turn.
 
 mod cases;
 mod guest;
 mod mcp;
+mod peers;
 mod stats;
 
 use std::path::PathBuf;
@@ -65,6 +68,8 @@ pub struct Settings {
     pub upstream: Option<String>,
     /// The custom guest of the `guest_*` rows.
     pub guest: Option<pycage::Guest>,
+    /// The Python whose peer sandboxes the `peers_*` rows run (`--peers`).
+    pub peers: Option<String>,
 }
 
 pub async fn bench(args: BenchArgs) -> Exit {
@@ -88,6 +93,7 @@ pub async fn bench(args: BenchArgs) -> Exit {
         pycage_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("pycage")),
         upstream: args.upstream.clone(),
         guest,
+        peers: args.peers.clone(),
     };
     let rows = match cases::run_all(&settings, args.only.as_deref()).await {
         Ok(rows) => rows,

@@ -153,6 +153,12 @@ pub struct BenchArgs {
     /// side with the built-in guest (compile, fresh `pass`, a preloaded import, memory).
     #[arg(long, value_name = "GUEST.wasm")]
     pub guest: Option<PathBuf>,
+
+    /// A Python with peer sandboxes installed (pydantic-monty; `scripts/peers` makes a venv
+    /// of them): adds the `peers_*` rows, each snippet run fresh by pycage and by each peer,
+    /// one sample of each in turn.
+    #[arg(long, value_name = "PYTHON")]
+    pub peers: Option<String>,
 }
 
 #[derive(Debug, Args)]

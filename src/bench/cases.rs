@@ -12,8 +12,8 @@ use super::{Baseline, Figure, Row, Settings, Summary};
 
 /// The compute case of the performance issue, timed inside the interpreter.
 const COMPUTE: &str = "sum(i*i for i in range(10**6))";
-const JSON_10K: &str = "json.loads(json.dumps([{'id': i, 'name': 'n%d' % i, 'tags': ['a', 'b'], 'score': i / 3} for i in range(10000)]))";
-const REGEX_1MB: &str =
+pub(super) const JSON_10K: &str = "json.loads(json.dumps([{'id': i, 'name': 'n%d' % i, 'tags': ['a', 'b'], 'score': i / 3} for i in range(10000)]))";
+pub(super) const REGEX_1MB: &str =
     "len(re.findall(r'[a-z]+@[a-z]+\\.com', ('x' * 90 + ' ab@cd.com ') * 10000))";
 
 /// Runs every case (or those whose name contains `only`).
@@ -356,6 +356,9 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
     }
     if let Some(guest) = &s.guest {
         rows.extend(super::guest::rows(s, guest, &fresh, &wanted).await?);
+    }
+    if let Some(python) = &s.peers {
+        rows.extend(super::peers::rows(s, python, &fresh, &wanted).await?);
     }
     Ok(rows)
 }
