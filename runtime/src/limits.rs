@@ -255,6 +255,27 @@ macro_rules! setter {
 }
 
 impl LimitsBuilder {
+    /// The fields' names, in the order they are declared, as they are serialized and as
+    /// [`clamp_to`](Self::clamp_to) and [`LimitsError::field`] name them: what a server takes
+    /// in a request's `limits`.
+    pub const FIELDS: [&'static str; 15] = [
+        "wall_timeout",
+        "memory_bytes",
+        "max_output_bytes",
+        "max_tool_calls",
+        "fuel",
+        "tool_timeout",
+        "max_tool_args_bytes",
+        "max_tool_result_bytes",
+        "max_value_bytes",
+        "max_code_bytes",
+        "max_input_bytes",
+        "max_written_bytes",
+        "max_files",
+        "max_file_bytes",
+        "max_returned_bytes",
+    ];
+
     setter!(
         /// Sets the wall-clock limit; must be more than zero.
         wall_timeout: Duration

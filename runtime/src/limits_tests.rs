@@ -66,6 +66,22 @@ fn serde_validates_and_names_unknown_fields() {
 }
 
 #[test]
+fn the_field_list_is_the_serialized_builders_in_order() {
+    let builder = serde_json::to_value(LimitsBuilder::default()).unwrap();
+    let serialized: Vec<&str> = builder
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let mut listed = LimitsBuilder::FIELDS.to_vec();
+    let mut sorted = serialized.clone();
+    listed.sort_unstable();
+    sorted.sort_unstable();
+    assert_eq!(listed, sorted);
+}
+
+#[test]
 fn clamp_to_lowers_each_field_above_the_maxima_and_names_it() {
     let maxima = Limits::builder()
         .wall_timeout(Duration::from_secs(10))

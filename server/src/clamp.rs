@@ -104,12 +104,12 @@ pub fn apply(
         let alias = ALIASES.iter().find(|(alias, _)| alias == key);
         let field = alias
             .map(|(_, field)| *field)
-            .or_else(|| LIBRARY_FIELDS.iter().find(|f| *f == key).copied())
+            .or_else(|| LimitsBuilder::FIELDS.iter().find(|f| *f == key).copied())
             .ok_or_else(|| {
                 let known: Vec<&str> = ALIASES
                     .iter()
                     .map(|(alias, _)| *alias)
-                    .chain(LIBRARY_FIELDS)
+                    .chain(LimitsBuilder::FIELDS)
                     .collect();
                 invalid(format!(
                     "`limits` has no field `{}` (it takes {})",
@@ -135,6 +135,7 @@ pub fn apply(
     let limits = builder
         .build()
         .map_err(|e| invalid(format!("`limits.{}`: {}", as_asked(e.field()), e.reason())))?;
+    let serialized = serde_json::to_value(&limits).unwrap_or_default();
     let clamped = lowered
         .into_iter()
         .map(|field| {
@@ -142,31 +143,12 @@ pub fn apply(
             Clamped {
                 field: name.to_owned(),
                 asked: asked.get(name).cloned().unwrap_or_default(),
-                got: value_of(&limits, name),
+                got: value_of(&limits, &serialized, name),
             }
         })
         .collect();
     Ok((limits, clamped))
 }
-
-/// The fields of the library's `LimitsBuilder`, in its order (a test checks they match).
-pub const LIBRARY_FIELDS: [&str; 15] = [
-    "wall_timeout",
-    "memory_bytes",
-    "max_output_bytes",
-    "max_tool_calls",
-    "fuel",
-    "tool_timeout",
-    "max_tool_args_bytes",
-    "max_tool_result_bytes",
-    "max_value_bytes",
-    "max_code_bytes",
-    "max_input_bytes",
-    "max_written_bytes",
-    "max_files",
-    "max_file_bytes",
-    "max_returned_bytes",
-];
 
 /// Sets `field` of `builder` from the request's `key: value`.
 fn set(
@@ -206,15 +188,13 @@ fn set(
     Ok(())
 }
 
-/// What `limits` holds for the request's name `name`, in that name's units.
-fn value_of(limits: &Limits, name: &str) -> Value {
+/// What `limits` (`serialized` as JSON) holds for the request's name `name`, in that name's
+/// units.
+fn value_of(limits: &Limits, serialized: &Value, name: &str) -> Value {
     match name {
         "timeout_seconds" => json!(limits.wall_timeout().as_secs_f64()),
         "memory_mib" => json!(limits.memory_bytes() >> 20),
-        _ => serde_json::to_value(limits)
-            .ok()
-            .and_then(|v| v.get(name).cloned())
-            .unwrap_or_default(),
+        _ => serialized.get(name).cloned().unwrap_or_default(),
     }
 }
 

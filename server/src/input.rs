@@ -99,7 +99,9 @@ pub(crate) fn parse(
         Some(Value::String(id)) => Some(SessionId::from(id.as_str())),
         Some(_) => return Err(bad("`session_id` must be a string".into())),
     };
-    let net_allow = object.remove("net_allow");
+    // Null is absent, as for every optional field here (HTTP's `net_allow` was an
+    // `Option` before the one parser).
+    let net_allow = object.remove("net_allow").filter(|v| !v.is_null());
     let limits = object.remove("limits");
     let base64 = match object.remove("files_base64") {
         None | Some(Value::Null) => files_as == FilesAs::Base64,

@@ -147,6 +147,14 @@ async fn a_run_takes_the_same_input_run_python_takes() {
         json!([{"field": "timeout_seconds", "asked": 600, "got": 30.0}]),
         "{r:#}"
     );
+    // Null is absent for every optional field, `net_allow` too (this server has no [net]).
+    let (status, r) = s
+        .post(
+            "/v1/runs",
+            json!({"code": "return 1", "net_allow": null, "limits": null, "vars": null}),
+        )
+        .await;
+    assert_eq!((status, &r["value"]), (StatusCode::OK, &json!(1)), "{r:#}");
     for (body, status, kind) in [
         (
             json!({"code": "1", "limits": {"timeout_seconds": 5, "wall_timeout": "5s"}}),
