@@ -11,7 +11,7 @@ use pycage_tools::ToolRegistry;
 use super::{Baseline, Figure, Row, Settings, Summary};
 
 /// The compute case of the performance issue, timed inside the interpreter.
-const COMPUTE: &str = "sum(i*i for i in range(10**6))";
+pub(super) const COMPUTE: &str = "sum(i*i for i in range(10**6))";
 pub(super) const JSON_10K: &str = "json.loads(json.dumps([{'id': i, 'name': 'n%d' % i, 'tags': ['a', 'b'], 'score': i / 3} for i in range(10000)]))";
 pub(super) const REGEX_1MB: &str =
     "len(re.findall(r'[a-z]+@[a-z]+\\.com', ('x' * 90 + ' ab@cd.com ') * 10000))";

@@ -38,6 +38,7 @@ try:
 except Exception as e:  # an absent or broken peer is reported, not fatal
     missing["monty"] = f"{type(e).__name__}: {e}"
 
+
 def answer(obj):
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()

@@ -12,7 +12,7 @@ use std::time::Instant;
 use pycage::Runner;
 use serde_json::{Value, json};
 
-use super::cases::{JSON_10K, REGEX_1MB, check, us};
+use super::cases::{COMPUTE, JSON_10K, REGEX_1MB, check, us};
 use super::{Baseline, Figure, Row, Settings, Summary};
 
 /// The driver, run by the peers' Python.
@@ -31,7 +31,7 @@ fn cases() -> [(&'static str, String, Option<usize>, &'static str); 5] {
         ("peers_fresh_print", "print('hi')".into(), None, ""),
         (
             "peers_compute_sum_squares",
-            "x = sum(i*i for i in range(10**6))".into(),
+            format!("x = {COMPUTE}"),
             Some(9),
             "<= 1.0x Monty",
         ),
