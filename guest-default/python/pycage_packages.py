@@ -3,7 +3,9 @@
 The packages' directory (``site-packages``, mounted at build time only) is gone at run time,
 as the standard library's is. ``build`` keeps what a run needs of it in a ``PackageStore``:
 the compiled code of every module that was not preloaded (imported on demand, as the
-standard library's stored modules are), and every other file (package data, the
+standard library's stored modules are), the build-time path of every extension module (its
+code was linked into the guest when it was built, and the guest's ``dlopen`` finds it by that
+path, so one that was not preloaded still imports), and every other file (package data, the
 distributions' metadata) compressed. The store is also the loader of the preloaded modules of
 those packages, so ``importlib.resources`` and ``importlib.metadata`` find their files too.
 Nothing is read from any directory at run time.
@@ -17,6 +19,7 @@ import os
 import posixpath
 import sys
 import zlib
+from importlib.machinery import EXTENSION_SUFFIXES, ExtensionFileLoader, ModuleSpec
 from importlib.resources.abc import Traversable, TraversableResources
 
 import pycage_stdlib
@@ -30,16 +33,19 @@ class PackageStore(pycage_stdlib.Store):
     """A ``Store`` of packages: modules, and the files beside them.
 
     ``index`` maps a module's name to ``(is_package, code, origin)`` where ``code`` is
-    ``None`` for a module the snapshot already holds; ``data`` maps a file's build-time path
-    to its compressed bytes.
+    ``None`` for a module the snapshot already holds; ``extensions`` maps an extension
+    module's name to its build-time path; ``data`` maps a file's build-time path to its
+    compressed bytes.
     """
 
-    def __init__(self, index, data, root):
+    def __init__(self, index, extensions, data, root):
         super().__init__(index)
+        self._extensions = extensions
         self._data = data
         self._root = root
         dirs = set()
-        for path in [*data, *(entry[2] for entry in index.values())]:
+        paths = [*data, *extensions.values(), *(entry[2] for entry in index.values())]
+        for path in paths:
             parent = posixpath.dirname(path)
             while parent.startswith(root) and parent not in dirs:
                 dirs.add(parent)
@@ -47,6 +53,11 @@ class PackageStore(pycage_stdlib.Store):
         self._dirs = frozenset(dirs)
 
     def find_spec(self, name, path=None, target=None):
+        origin = self._extensions.get(name)
+        if origin is not None:
+            spec = ModuleSpec(name, ExtensionFileLoader(name, origin), origin=origin)
+            spec.has_location = True
+            return spec
         entry = self._index.get(name)
         if entry is None or entry[1] is None:
             return None
@@ -160,8 +171,18 @@ class _Distribution(importlib.metadata.Distribution):
         return posixpath.dirname(self._path)
 
 
+def _extension_stem(filename):
+    """The module name of an extension module's file name, or None."""
+    for suffix in EXTENSION_SUFFIXES:
+        if filename.endswith(suffix):
+            stem = filename[: -len(suffix)]
+            return stem if stem.isidentifier() else None
+    return None
+
+
 def _walk(root):
-    """Each file under ``root`` to keep: ``(module name or None, is_package, path)``."""
+    """Each file under ``root`` to keep: ``(module name or None, kind, path)``, where kind is
+    ``"package"``, ``"module"`` or ``"extension"``."""
     for top, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
         rel = os.path.relpath(top, root)
@@ -175,20 +196,29 @@ def _walk(root):
             if ext == ".py" and importable and stem.isidentifier():
                 if stem == "__init__":
                     if package:
-                        yield ".".join(package), True, path
+                        yield ".".join(package), "package", path
                     continue
                 if stem != "__main__":
-                    yield ".".join([*package, stem]), False, path
+                    yield ".".join([*package, stem]), "module", path
                     continue
-            yield None, False, path
+            extension = _extension_stem(f) if importable else None
+            if extension is not None:
+                yield ".".join([*package, extension]), "extension", path
+                continue
+            yield None, None, path
 
 
 def build(root, loaded):
     """A ``PackageStore`` of what ``root`` (the packages' directory) holds; modules in
     ``loaded`` keep no code, the snapshot has them."""
     index = {}
+    extensions = {}
     data = {}
-    for name, is_package, path in _walk(root):
+    for name, kind, path in _walk(root):
+        if kind == "extension":
+            extensions[name] = path
+            continue
+        is_package = kind == "package"
         if name is None:
             with open(path, "rb") as f:
                 data[path] = zlib.compress(f.read(), 9)
@@ -201,7 +231,7 @@ def build(root, loaded):
         code = marshal.dumps(compile(source, path, "exec", dont_inherit=True))
         index[name] = (is_package, zlib.compress(code, 9), path)
         del source, code
-    return PackageStore(index, data, root)
+    return PackageStore(index, extensions, data, root)
 
 
 def install(store):
