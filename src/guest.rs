@@ -1,12 +1,13 @@
-//! `pycage guest build` and `pycage guest info`: guests with pure-Python packages baked in.
+//! `pycage guest build` and `pycage guest info`: guests with packages baked in.
 //!
-//! A build resolves the packages with pip, for the guest's Python and pure-Python wheels only
-//! (`--platform any --abi none --implementation py`: a distribution with a C extension, or
-//! one published only as a source distribution, has no such wheel and is refused by name),
-//! installs them into a private directory, builds the guest with them exactly as the
-//! built-in one is built ([`pycage_guest`]), seals it with its manifest, and compiles it once
-//! (the artifact lands in the cache) to check that it loads and that the preloaded modules
-//! import.
+//! A build resolves the packages with pip, for the guest's Python: pure-Python wheels, and the
+//! wheels `pycage-guest-data` built for this guest's CPython (numpy), offered with
+//! `--find-links` under a platform tag of their own. Any other distribution with a C
+//! extension, or one published only as a source distribution, has no such wheel and is
+//! refused by name. pip installs them into a private directory; the guest is built with them
+//! exactly as the built-in one is built ([`pycage_guest`]), sealed with its manifest, and
+//! compiled once (the artifact lands in the cache) to check that it loads and that the
+//! preloaded modules import.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -91,7 +92,7 @@ async fn build(args: GuestBuildArgs) -> Result<(), Failed> {
         .map_err(|e| internal(format!("a temporary directory: {e}")))?;
     let site = work.path().join("site-packages");
 
-    progress.step("resolve and download (pip, pure-Python wheels only)");
+    progress.step("resolve and download (pip: pure-Python wheels, and those built for the guest)");
     let packages = resolve(&toolchain, &args, &site, work.path())?;
     for p in &packages {
         eprintln!("  {} {} (sha256 {})", p.name, p.version, &p.sha256[..16]);
@@ -175,8 +176,31 @@ fn toolchain() -> Result<Toolchain, Failed> {
     })
 }
 
+/// Writes pycage-guest-data's prebuilt wheels (numpy for this guest) into a directory of
+/// `work`, for pip's `--find-links`.
+fn prebuilt_wheels(work: &Path) -> Result<PathBuf, Failed> {
+    let dir = work.join("prebuilt-wheels");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| internal(format!("creating {}: {e}", dir.display())))?;
+    for wheel in pycage_guest_data::WHEELS {
+        let path = dir.join(wheel.file_name);
+        std::fs::write(&path, wheel.bytes)
+            .map_err(|e| internal(format!("writing {}: {e}", path.display())))?;
+    }
+    Ok(dir)
+}
+
+/// The names of the distributions pycage-guest-data has wheels of, for messages.
+fn prebuilt_names() -> Vec<&'static str> {
+    pycage_guest_data::WHEELS
+        .iter()
+        .filter_map(|w| w.file_name.split('-').next())
+        .collect()
+}
+
 /// Resolves, downloads and installs the packages into `site` with pip, for the guest's
-/// Python and pure-Python wheels only; returns them as pip's report gives them.
+/// Python: pure-Python wheels, and the wheels pycage-guest-data built for the guest;
+/// returns them as pip's report gives them.
 fn resolve(
     toolchain: &Toolchain,
     args: &GuestBuildArgs,
@@ -184,6 +208,7 @@ fn resolve(
     work: &Path,
 ) -> Result<Vec<Package>, Failed> {
     let report = work.join("pip-report.json");
+    let prebuilt = prebuilt_wheels(work)?;
     let mut cmd = Command::new(toolchain.python());
     cmd.args([
         "-m",
@@ -195,15 +220,19 @@ fn resolve(
     ])
     .args(["--no-compile", "--target"])
     .arg(site)
+    .arg("--find-links")
+    .arg(&prebuilt)
+    // Pure-Python wheels, and wheels built for this guest's CPython (pycage-guest-data's,
+    // from `--find-links`: PyPI has none with its platform tag).
+    .args(["--only-binary", ":all:"])
     .args([
-        "--only-binary",
-        ":all:",
         "--platform",
         "any",
-        "--abi",
-        "none",
+        "--platform",
+        pycage_guest_data::PLATFORM,
     ])
-    .args(["--implementation", "py", "--python-version", "3.14"])
+    .args(["--abi", "none", "--abi", pycage_guest_data::ABI])
+    .args(["--implementation", "cp", "--python-version", "3.14"])
     .arg("--report")
     .arg(&report);
     for file in &args.requirements {
@@ -224,9 +253,10 @@ fn resolve(
                 format!(
                     "`{name}`{by} has no pure-Python wheel for Python 3.14: it needs a C \
                      extension, or is published only as a source distribution, and a wasm guest \
-                     can hold neither. Run code that needs it on an OS backend (--backend \
-                     bubblewrap or docker), whose Python installs it natively.\npip said:\n\
-                     {pip_said}"
+                     holds C extensions only when they were built for it (pycage has them for: \
+                     {}). Run code that needs it on an OS backend (--backend bubblewrap or \
+                     docker), whose Python installs it natively.\npip said:\n{pip_said}",
+                    prebuilt_names().join(", ")
                 )
             }
             Some(Refused { name, .. }) => {
@@ -418,9 +448,15 @@ fn packages_of(report: &str) -> Result<Vec<Package>, String> {
             })
             .ok_or_else(|| format!("no sha256 for {name}"))?;
         let url = text(&info["url"]).unwrap_or_default();
-        if !url.ends_with("-none-any.whl") {
+        let for_the_guest = format!(
+            "-{abi}-{abi}-{platform}.whl",
+            abi = pycage_guest_data::ABI,
+            platform = pycage_guest_data::PLATFORM
+        );
+        if !url.ends_with("-none-any.whl") && !url.ends_with(&for_the_guest) {
             return Err(format!(
-                "{name} {version} is not a pure-Python wheel: {url}"
+                "{name} {version} is neither a pure-Python wheel nor one built for the guest: \
+                 {url}"
             ));
         }
         packages.push(Package::new(name, version, sha256));

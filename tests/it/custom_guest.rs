@@ -359,3 +359,133 @@ async fn pycage_mcp_serves_a_guest_file_and_its_description_names_the_packages()
         assert!(stderr.contains("not a pycage guest"), "{command}: {stderr}");
     }
 }
+
+const USES_NUMPY: &str = r#"
+import sys
+import numpy as np
+preloaded = "numpy" in sys.modules and "numpy.fft" not in sys.modules
+a = np.arange(12, dtype=np.int64).reshape(3, 4)
+rng = np.random.default_rng(7)
+m = rng.random((40, 40)) + 40 * np.eye(40)
+def error_of(n):
+    try:
+        np.zeros(n)
+    except (MemoryError, ValueError) as e:
+        return type(e).__name__
+return {
+    "preloaded": preloaded,
+    "solve": float(np.linalg.solve([[3, 1], [1, 2]], [9, 8])[0]),
+    "sum": a.sum(axis=0).tolist(),
+    # numpy.fft's extension module was not preloaded: it is loaded now, from the guest itself.
+    "fft": np.fft.fft([1.0, 0.0, 0.0, 0.0]).real.tolist(),
+    "inverse": bool(np.allclose(np.linalg.inv(m) @ m, np.eye(40))),
+    "unique": np.unique(np.array(["b", "a", "b"], dtype="T")).tolist(),
+    "longdouble": np.finfo(np.longdouble).bits,
+    "sorted": np.sort(np.array([3, 1, 2])).tolist(),
+    "too_big": error_of(2 * 10**8),
+    "too_many": error_of(10**10),
+}
+"#;
+
+#[test]
+fn a_guest_with_numpy_runs_numpy_from_its_prebuilt_wheel() {
+    let dir = tempfile::tempdir().unwrap();
+    let guest = dir.path().join("numpy.wasm");
+    let guest = guest.to_str().unwrap();
+    let out = pycage(
+        &[
+            "guest",
+            "build",
+            "--package",
+            "numpy",
+            "--preload",
+            "numpy",
+            "-o",
+            guest,
+        ],
+        dir.path(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if stderr.contains("could not reach the package index") && !os_support::required() {
+        return os_support::skip(&format!("no package index here: {stderr}"));
+    }
+    assert!(out.status.success(), "{stderr}");
+
+    let out = pycage(
+        &["run", "--guest", guest, "--json", "-c", USES_NUMPY],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        result["value"],
+        json!({
+            "preloaded": true,
+            "solve": 2.0,
+            "sum": [12, 15, 18, 21],
+            "fft": [1.0, 1.0, 1.0, 1.0],
+            "inverse": true,
+            "unique": ["a", "b"],
+            "longdouble": 128,
+            "sorted": [1, 2, 3],
+            // 1.5 GiB is over the guest's memory limit: numpy's own MemoryError, in the run.
+            "too_big": "MemoryError",
+            // More elements than a 32-bit guest can index.
+            "too_many": "ValueError",
+        }),
+        "{result:#}"
+    );
+
+    // The limits hold for numpy's C code too: fuel runs out inside a matrix product.
+    let out = pycage(
+        &[
+            "run",
+            "--guest",
+            guest,
+            "--json",
+            "--fuel",
+            "50000000",
+            "-c",
+            "import numpy as np\nm = np.ones((400, 400))\nfor _ in range(100): m = m @ m",
+        ],
+        dir.path(),
+    );
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        result["error"]["kind"],
+        json!("fuel_exhausted"),
+        "{result:#}"
+    );
+
+    // The manifest names the wheel pip took: pycage-guest-data's, by its SHA-256.
+    let out = pycage(&["guest", "info", "--json", guest], dir.path());
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let numpy = info["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == json!("numpy"))
+        .unwrap_or_else(|| panic!("numpy in {info:#}"));
+    let wheel = pycage_guest_data::WHEELS
+        .iter()
+        .find(|w| w.file_name.starts_with("numpy-"))
+        .unwrap();
+    assert_eq!(numpy["version"].as_str(), wheel.file_name.split('-').nth(1));
+    assert_eq!(
+        numpy["sha256"].as_str().unwrap(),
+        sha256_hex(wheel.bytes),
+        "{info:#}"
+    );
+
+    let out = pycage(&["describe", "--guest", guest], dir.path());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("`numpy` "), "{text}");
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
