@@ -41,6 +41,7 @@ class PackageStore(pycage_stdlib.Store):
     def __init__(self, index, extensions, data, root):
         super().__init__(index)
         self._extensions = extensions
+        self._files = frozenset([*extensions.values(), *(entry[2] for entry in index.values())])
         self._data = data
         self._root = root
         dirs = set()
@@ -86,6 +87,9 @@ class PackageStore(pycage_stdlib.Store):
 
     def _is_dir(self, path):
         return path in self._dirs
+
+    def _built_from(self, path):
+        return path in self._data or path in self._files
 
     def _children(self, path):
         prefix = path.rstrip("/") + "/"
@@ -138,6 +142,15 @@ class _Entry(Traversable):
 
     def is_file(self):
         return self._path in self._store._data
+
+    def exists(self):
+        """Whether the file existed when the guest was built: data, and also modules and
+        extension modules, whose bytes live elsewhere (``importlib.metadata.files`` asks)."""
+        return self.is_dir() or self._store._built_from(self._path)
+
+    @property
+    def parent(self):
+        return _Entry(self._store, posixpath.dirname(self._path))
 
     def joinpath(self, *descendants):
         return _Entry(self._store, posixpath.normpath(posixpath.join(self._path, *descendants)))

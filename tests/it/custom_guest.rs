@@ -175,6 +175,8 @@ return {
     "table": tabulate([["a", 1], ["bb", 22]], headers=["k", "v"], tablefmt="github"),
     "version": importlib.metadata.version("attrs"),
     "preloaded": [m in sys.modules for m in ("attrs", "dateutil.parser", "tabulate")],
+    # A distribution's files, as pytest's plugin loader lists them (only those that exist).
+    "files": sorted(f.name for f in importlib.metadata.files("tabulate") if f.suffix == ".py"),
 }
 "#;
 
@@ -197,6 +199,7 @@ fn a_guest_built_from_pypi_packages_imports_and_uses_them() {
         json!("| k   |   v |\n|-----|-----|\n| a   |   1 |\n| bb  |  22 |")
     );
     assert_eq!(value["preloaded"], json!([true, true, true]));
+    assert_eq!(value["files"], json!(["__init__.py"]), "{result:#}");
 
     // The manifest: beside the file, and as `guest info --json` prints it.
     let out = in_shared_cache(&["guest", "info", "--json", guest]);
