@@ -149,8 +149,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "COMMAND")]
     pub upstream: Option<String>,
 
-    /// A guest file (`pycage guest build`): adds the `guest_*` rows, which measure it side by
-    /// side with the built-in guest (compile, fresh `pass`, a preloaded import, memory).
+    /// A guest file (`pycage guest build`), or `data` (the data guest): adds the `guest_*`
+    /// rows, which measure it side by side with the built-in guest (compile, fresh `pass`, a
+    /// preloaded import, memory).
     #[arg(long, value_name = "GUEST.wasm")]
     pub guest: Option<PathBuf>,
 
@@ -517,7 +518,8 @@ pub struct SandboxArgs {
 
     /// Run this guest instead of the built-in one (wasm backend): a guest file with packages
     /// baked in, checked before use (its digest, the pycage version that built it, and its
-    /// imports) [default: the built-in guest].
+    /// imports); or `data`, the data guest (numpy, preloaded), built into the cache the first
+    /// time it is named (a file called data is `./data`) [default: the built-in guest].
     #[arg(long, value_name = "FILE")]
     pub guest: Option<std::path::PathBuf>,
 }

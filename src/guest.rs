@@ -38,7 +38,7 @@ pub async fn guest(command: GuestCommand) -> Exit {
     }
 }
 
-type Failed = (Exit, String);
+pub type Failed = (Exit, String);
 
 fn usage(message: impl Into<String>) -> Failed {
     (Exit::Usage, message.into())
@@ -138,6 +138,64 @@ async fn build(args: GuestBuildArgs) -> Result<(), Failed> {
         manifest_path.display(),
         progress.started.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// What the data guest holds: pycage-guest-data's numpy, preloaded with the submodules code
+/// reaches for first, so that importing them in a run costs what `import json` does.
+const DATA_PACKAGES: &[&str] = &["numpy"];
+const DATA_PRELOAD: &[&str] = &["numpy", "numpy.fft", "numpy.random"];
+
+/// When `guest` is [`DATA_GUEST`](pycage_server::config::DATA_GUEST), puts the data guest's
+/// path in its place, building the guest first when this pycage has not built it yet.
+///
+/// The data guest lives in the cache directory, named after pycage's version and the wheels'
+/// digests, so an upgrade builds it again; a build goes to a file of its own and is renamed
+/// into place, so processes that race to build it each get a whole file.
+pub async fn resolve_data_guest(guest: &mut Option<PathBuf>) -> Result<(), Failed> {
+    if guest
+        .as_deref()
+        .is_none_or(|g| g.as_os_str() != pycage_server::config::DATA_GUEST)
+    {
+        return Ok(());
+    }
+    let mut key = blake3::Hasher::new();
+    key.update(env!("CARGO_PKG_VERSION").as_bytes());
+    for wheel in pycage_guest_data::WHEELS {
+        key.update(wheel.blake3.as_bytes());
+    }
+    for name in DATA_PACKAGES.iter().chain(DATA_PRELOAD) {
+        key.update(name.as_bytes());
+    }
+    let dir = pycage::wasm::default_cache_dir()
+        .unwrap_or_else(std::env::temp_dir)
+        .join("guests");
+    let path = dir.join(format!("data-{}.wasm", &key.finalize().to_hex()[..16]));
+    if !path.exists() {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| internal(format!("creating {}: {e}", dir.display())))?;
+        eprintln!(
+            "pycage: building the data guest (numpy) into {}, once for this pycage: about a \
+             minute",
+            path.display()
+        );
+        let partial = dir.join(format!("data-{}.partial.wasm", std::process::id()));
+        let args = GuestBuildArgs {
+            requirements: Vec::new(),
+            packages: DATA_PACKAGES.iter().map(|&p| p.to_owned()).collect(),
+            preload: DATA_PRELOAD.iter().map(|&m| m.to_owned()).collect(),
+            out: partial.clone(),
+        };
+        build(args).await?;
+        for (from, to) in [
+            (manifest_path(&partial), manifest_path(&path)),
+            (partial, path.clone()),
+        ] {
+            std::fs::rename(&from, &to)
+                .map_err(|e| internal(format!("renaming {}: {e}", from.display())))?;
+        }
+    }
+    *guest = Some(path);
     Ok(())
 }
 

@@ -75,7 +75,15 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async {
-        match cli.command {
+        let mut command = cli.command;
+        if let Err((exit, message)) = data_guest(&mut command).await {
+            eprintln!(
+                "pycage: --guest {}: {message}",
+                pycage_server::config::DATA_GUEST
+            );
+            return exit.into();
+        }
+        match command {
             Command::Run(args) => run::run(*args).await.into(),
             Command::Resume(args) => resume::resume(*args).await.into(),
             Command::Describe(args) => describe::describe(*args).await.into(),
@@ -132,4 +140,22 @@ fn init_logging() {
             .init(),
         Err(e) => eprintln!("pycage: ignoring {ENV_LOG}={filter:?}: {e}"),
     }
+}
+
+/// `--guest data`: the data guest's path in the name's place, built first if need be (see
+/// [`guest::resolve_data_guest`]). A server's config file may name it too; `mcp` and `serve`
+/// resolve that after reading the file.
+async fn data_guest(command: &mut Command) -> Result<(), guest::Failed> {
+    let slot = match command {
+        Command::Run(args) => &mut args.sandbox.guest,
+        Command::Resume(args) => &mut args.sandbox.guest,
+        Command::Describe(args) => &mut args.sandbox.guest,
+        Command::Repl(args) => &mut args.sandbox.guest,
+        Command::Mcp(args) => &mut args.sandbox.guest,
+        Command::Serve(args) => &mut args.sandbox.guest,
+        Command::Meter(args) => &mut args.sandbox.guest,
+        Command::Bench(args) => &mut args.guest,
+        _ => return Ok(()),
+    };
+    guest::resolve_data_guest(slot).await
 }

@@ -13,13 +13,20 @@ use crate::cli::{McpArgs, SandboxArgs};
 use crate::exit::Exit;
 
 pub async fn mcp(args: McpArgs) -> Exit {
-    let config = match config(&args) {
+    let mut config = match config(&args) {
         Ok(config) => config,
         Err(message) => {
             eprintln!("pycage: {message}");
             return Exit::Usage;
         }
     };
+    if let Err((exit, message)) = crate::guest::resolve_data_guest(&mut config.guest).await {
+        eprintln!(
+            "pycage: guest = \"{}\": {message}",
+            pycage_server::config::DATA_GUEST
+        );
+        return exit;
+    }
     if let Err((exit, message)) = crate::sandbox::prepare_server_guest(&config).await {
         eprintln!("pycage: {message}");
         return exit;

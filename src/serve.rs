@@ -24,7 +24,7 @@ pycage serve --token-file token\n\
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
 pub async fn serve(args: ServeArgs) -> Exit {
-    let (config, addr) = match config(&args) {
+    let (mut config, addr) = match config(&args) {
         Ok(config) => config,
         Err(message) => {
             eprintln!("pycage: {message}");
@@ -35,6 +35,13 @@ pub async fn serve(args: ServeArgs) -> Exit {
         Ok(token) => token,
         Err(exit) => return exit,
     };
+    if let Err((exit, message)) = crate::guest::resolve_data_guest(&mut config.guest).await {
+        eprintln!(
+            "pycage: guest = \"{}\": {message}",
+            pycage_server::config::DATA_GUEST
+        );
+        return exit;
+    }
     if let Err((exit, message)) = crate::sandbox::prepare_server_guest(&config).await {
         eprintln!("pycage: {message}");
         return exit;

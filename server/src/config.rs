@@ -45,6 +45,11 @@ use std::time::Duration;
 use pycage::{Limits, LimitsBuilder, SessionConfig};
 use serde::{Deserialize, Serialize};
 
+/// The `guest` name of pycage's data guest: the built-in guest with numpy baked in
+/// (`pycage-guest-data`'s wheels), which the `pycage` CLI builds once into its cache and puts
+/// in the name's place. A file of that name is given as `./data`.
+pub const DATA_GUEST: &str = "data";
+
 /// Everything a server is configured with (see the [module docs](self)).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -60,7 +65,7 @@ pub struct ServerConfig {
     pub net: pycage_tools::net::NetConfig,
     /// A guest file (`pycage guest build`: packages baked in) for the wasm backend to run
     /// instead of the built-in guest. A relative path is resolved against the config file's
-    /// directory.
+    /// directory, but for [`DATA_GUEST`], which the `pycage` CLI replaces with its data guest.
     pub guest: Option<PathBuf>,
     /// Deterministic runs (wasm backend; the CLI's `--deterministic`/`--seed`): every run and
     /// session starts with virtual clocks from 2000-01-01 and random bytes from this seed, so
@@ -293,6 +298,7 @@ impl ServerConfig {
         }
         if let Some(guest) = &mut config.guest
             && guest.is_relative()
+            && guest.as_os_str() != DATA_GUEST
         {
             *guest = base.join(&*guest);
         }

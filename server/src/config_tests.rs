@@ -194,6 +194,19 @@ fn a_guest_file_is_read_against_the_config_file_and_needs_the_wasm_backend() {
     let bwrap = ServerConfig::from_toml("backend = \"bubblewrap\"\nguest = \"g.wasm\"\n").unwrap();
     let e = bwrap.validate().unwrap_err().to_string();
     assert!(e.contains("guest needs backend = \"wasm\""), "{e}");
+
+    // The data guest's name stays a name, for the CLI to put its guest in its place; a file
+    // of that name is `./data`, read against the config file like any other.
+    std::fs::write(&path, "guest = \"data\"\n").unwrap();
+    let config = ServerConfig::from_file(&path).unwrap();
+    assert_eq!(config.guest.as_deref(), Some(Path::new(DATA_GUEST)));
+    std::fs::write(&path, "guest = \"./data\"\n").unwrap();
+    let config = ServerConfig::from_file(&path).unwrap();
+    assert_eq!(config.guest, Some(dir.path().join("./data")));
+    // A host that embeds the server has no data guest to build: it is told so.
+    let e =
+        crate::guest_backend(&ServerConfig::from_toml("guest = \"data\"\n").unwrap()).unwrap_err();
+    assert!(e.contains("pycage guest build --package numpy"), "{e}");
 }
 
 #[test]

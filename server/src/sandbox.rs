@@ -77,6 +77,14 @@ pub fn guest_backend(config: &ServerConfig) -> Result<Option<pycage::WasmBackend
     }
     let mut builder = pycage::WasmBackend::builder();
     if let Some(path) = &config.guest {
+        if path.as_os_str() == crate::config::DATA_GUEST {
+            return Err(format!(
+                "guest = \"{}\" names the data guest, which the `pycage` CLI builds; this \
+                 host has not: build one (`pycage guest build --package numpy --preload numpy \
+                 -o data.wasm`) and give its path",
+                crate::config::DATA_GUEST
+            ));
+        }
         let guest = pycage::Guest::from_path(path).map_err(|e| format!("guest: {e}"))?;
         builder = builder.guest(guest);
     }
