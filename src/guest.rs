@@ -149,8 +149,8 @@ const DATA_PRELOAD: &[&str] = &["numpy", "numpy.fft", "numpy.random"];
 /// When `guest` is [`DATA_GUEST`](pycage_server::config::DATA_GUEST), puts the data guest's
 /// path in its place, building the guest first when this pycage has not built it yet.
 ///
-/// The data guest lives in the cache directory, named after pycage's version and the wheels'
-/// digests, so an upgrade builds it again; a build goes to a file of its own and is renamed
+/// The data guest lives in the cache directory, named after a digest of what it is built from
+/// (pycage's version, the guest's sources, the wheels), so an upgrade builds it again; a build goes to a file of its own and is renamed
 /// into place, so processes that race to build it each get a whole file.
 pub async fn resolve_data_guest(guest: &mut Option<PathBuf>) -> Result<(), Failed> {
     if guest
@@ -159,8 +159,15 @@ pub async fn resolve_data_guest(guest: &mut Option<PathBuf>) -> Result<(), Faile
     {
         return Ok(());
     }
+    // Everything the guest is built from: pycage's version, the guest's sources and build
+    // steps (its custom-guest code included), the wheels and what is baked in and preloaded.
     let mut key = blake3::Hasher::new();
     key.update(env!("CARGO_PKG_VERSION").as_bytes());
+    key.update(pycage_guest::inputs_digest().as_bytes());
+    for (name, text) in pycage_guest::SOURCES {
+        key.update(name.as_bytes());
+        key.update(text.as_bytes());
+    }
     for wheel in pycage_guest_data::WHEELS {
         key.update(wheel.blake3.as_bytes());
     }
