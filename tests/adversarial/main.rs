@@ -134,41 +134,44 @@ async fn run_all(canaries: &Canaries, cases: &[Case], filter: Option<&str>) -> V
         ran += run_servers(&mut report, &mut failures, filter).await;
     }
     // A custom guest (packages baked in, `pycage guest build`) is the same sandbox: the
-    // categories that test its walls run on it too.
+    // categories that test its walls run on it too, and on the data guest (numpy's C code
+    // linked into the guest).
     if filter.is_none_or(|f| {
         f.contains("custom")
             || CUSTOM_GUEST_CATEGORIES
                 .iter()
                 .any(|c| c.contains(f) || f.contains(c))
-    }) && let Some(subject) = custom_guest_subject()
-    {
-        if let Err(why) = warm_up(&subject).await {
-            failures.push(format!(
-                "[wasm (custom guest)] the warm-up run failed: {why}"
-            ));
-        }
-        for case in cases
-            .iter()
-            .filter(|c| CUSTOM_GUEST_CATEGORIES.contains(&c.category.as_str()))
-        {
-            let id = format!("{}/{}", case.category, case.name);
-            if filter.is_some_and(|f| !id.contains(f) && !f.contains("custom"))
-                || !case.runs_on("wasm")
-                || case.session
-            {
-                continue;
-            }
-            ran += 1;
-            let started = Instant::now();
-            let outcome = run_case(canaries, &subject, case).await;
-            record(
-                &mut report,
-                &mut failures,
+    }) {
+        for (label, subject) in [
+            (
                 "wasm (custom guest)",
-                case,
-                outcome,
-                started,
-            );
+                custom_guest_subject(os_support::packaged_guest),
+            ),
+            (
+                "wasm (data guest)",
+                custom_guest_subject(os_support::data_guest),
+            ),
+        ] {
+            let Some(subject) = subject else { continue };
+            if let Err(why) = warm_up(&subject).await {
+                failures.push(format!("[{label}] the warm-up run failed: {why}"));
+            }
+            for case in cases
+                .iter()
+                .filter(|c| CUSTOM_GUEST_CATEGORIES.contains(&c.category.as_str()))
+            {
+                let id = format!("{}/{}", case.category, case.name);
+                if filter.is_some_and(|f| !id.contains(f) && !f.contains("custom"))
+                    || !case.runs_on("wasm")
+                    || case.session
+                {
+                    continue;
+                }
+                ran += 1;
+                let started = Instant::now();
+                let outcome = run_case(canaries, &subject, case).await;
+                record(&mut report, &mut failures, label, case, outcome, started);
+            }
         }
     }
     let growth = rss_bytes().saturating_sub(rss_before);
@@ -333,11 +336,13 @@ const CUSTOM_GUEST_CATEGORIES: &[&str] = &[
     "processes",
 ];
 
-/// The wasm backend on a guest built with packages baked in (`os_support::packaged_guest`),
-/// or `None` with the reason when it cannot be built (failing instead in CI: the build needs
-/// PyPI).
-fn custom_guest_subject() -> Option<os_support::Subject> {
-    let path = match os_support::packaged_guest() {
+/// The wasm backend on a guest built with packages baked in (`os_support::packaged_guest`,
+/// or the data guest, `os_support::data_guest`), or `None` with the reason when it cannot be
+/// built (failing instead in CI: the build needs PyPI).
+fn custom_guest_subject(
+    build: fn() -> Result<std::path::PathBuf, String>,
+) -> Option<os_support::Subject> {
+    let path = match build() {
         Ok(path) => path,
         Err(why) => {
             os_support::skip(&format!("the custom guest did not build: {why}"));

@@ -158,6 +158,43 @@ macro_rules! every_backend {
     };
 }
 
+/// pycage's data guest (`--guest data`: numpy, from pycage-guest-data's wheel), built by
+/// this build of pycage into the shared cache ([`packaged_guest_cache`]) the first time a test
+/// binary asks. `Err` says why it could not be built (the build needs PyPI).
+pub fn data_guest() -> Result<PathBuf, String> {
+    static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(path) = built.as_ref() {
+        return Ok(path.clone());
+    }
+    let cache = packaged_guest_cache();
+    let out = std::process::Command::new(pycage_exe())
+        .args(["run", "--guest", "data", "-c", "pass"])
+        .env("PYCAGE_CACHE_DIR", &cache)
+        .output()
+        .map_err(|e| format!("running pycage: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "pycage run --guest data failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    // The newest, should builds of other sources have left theirs.
+    let path = std::fs::read_dir(cache.join("guests"))
+        .map_err(|e| e.to_string())?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "wasm") && !p.to_string_lossy().contains(".partial.")
+        })
+        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+        .ok_or("no data guest in the cache after pycage built it")?;
+    *built = Some(path.clone());
+    Ok(path)
+}
+
 /// The packages of [`packaged_guest`], each with a module it preloads.
 pub const PACKAGED_GUEST: &[(&str, &str)] = &[
     ("attrs", "attrs"),
