@@ -77,7 +77,7 @@ pub async fn run_all(s: &Settings, only: Option<&str>) -> Result<Vec<Row>, Strin
             continue;
         }
         let inside = in_guest_seconds(&fresh, import, work, 5).await?;
-        let native = native_seconds(&s.python, import, work, 5)?;
+        let native = native_seconds(&s.python, &["-I", "-S"], import, work, 5)?;
         rows.push(Row {
             case,
             unit: "us",
@@ -463,14 +463,23 @@ pub(super) async fn in_guest_seconds(
 }
 
 /// The same work under native CPython, measured the same way.
-fn native_seconds(python: &str, import: &str, work: &str, n: usize) -> Result<Summary, String> {
+/// `work`'s time in a new native `python` process each sample, `import` done first; `flags`
+/// go before `-c` (`-I -S` for the standard library alone, `-I` to see site-packages).
+pub(super) fn native_seconds(
+    python: &str,
+    flags: &[&str],
+    import: &str,
+    work: &str,
+    n: usize,
+) -> Result<Summary, String> {
     let script = format!(
         "{import}\nimport time\nt = time.perf_counter()\n{work}\nprint(time.perf_counter() - t)"
     );
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
         let out = Command::new(python)
-            .args(["-I", "-S", "-c", &script])
+            .args(flags)
+            .args(["-c", &script])
             .output()
             .map_err(|e| format!("running {python}: {e}"))?;
         let text = String::from_utf8_lossy(&out.stdout);

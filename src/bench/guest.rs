@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use pycage::{Guest, Runner, WasmBackend};
 
-use super::cases::{check, in_guest_seconds, memory_per_sandbox, runner, us};
+use super::cases::{check, in_guest_seconds, memory_per_sandbox, native_seconds, runner, us};
 use super::{Baseline, Figure, Row, Settings, Summary};
 
 const BUILTIN: &str = "the built-in guest";
@@ -117,6 +117,9 @@ pub async fn rows(
             ),
         }
     }
+    if wanted("guest_numpy_compute") {
+        numpy_compute(s, guest, &custom, &mut rows).await?;
+    }
     if wanted("guest_per_live_sandbox") {
         let (rss, pss) = memory_per_sandbox(&custom, 100).await?;
         let (rss_default, pss_default) = memory_per_sandbox(builtin, 100).await?;
@@ -134,6 +137,53 @@ pub async fn rows(
         }
     }
     Ok(rows)
+}
+
+/// numpy work: elementwise math over a million doubles, a reduction, a sort and a 200 x 200
+/// matrix product, the kinds of call a model's analysis code makes.
+const NUMPY_WORK: &str = "a = np.arange(1_000_000, dtype=np.float64)\n\
+                          s = float(np.sqrt(a * 0.5 + 1.0).sum())\n\
+                          b = np.sort(a[::-1])\n\
+                          m = np.ones((200, 200)) @ np.ones((200, 200))";
+
+/// `guest_numpy_compute`: [`NUMPY_WORK`] in the guest against native numpy, in the
+/// `--peers` Python (`scripts/peers` installs the same numpy version there). Left out, with
+/// the reason, when the guest has no numpy or no native numpy was given.
+async fn numpy_compute(
+    s: &Settings,
+    guest: &Guest,
+    custom: &Runner,
+    rows: &mut Vec<Row>,
+) -> Result<(), String> {
+    let has_numpy = guest
+        .manifest()
+        .is_some_and(|m| m.packages.iter().any(|p| p.name == "numpy"));
+    let python = s.peers.as_deref().filter(|python| {
+        std::process::Command::new(python)
+            .args(["-I", "-c", "import numpy"])
+            .status()
+            .is_ok_and(|status| status.success())
+    });
+    let (true, Some(python)) = (has_numpy, python) else {
+        eprintln!(
+            "pycage bench: guest_numpy_compute left out: it needs a guest with numpy and \
+             --peers PYTHON with numpy installed (scripts/peers installs it)"
+        );
+        return Ok(());
+    };
+    let n = s.iterations.clamp(3, 20);
+    let import = "import numpy as np";
+    rows.push(Row {
+        case: "guest_numpy_compute",
+        unit: "us",
+        pycage: Figure::Latency(in_guest_seconds(custom, import, NUMPY_WORK, n).await?),
+        baseline: Some(Baseline {
+            name: format!("native numpy ({python} -I)"),
+            figure: Figure::Latency(native_seconds(python, &["-I"], import, NUMPY_WORK, n)?),
+        }),
+        target: None,
+    });
+    Ok(())
 }
 
 fn baseline(figure: Figure) -> Baseline {
