@@ -280,8 +280,9 @@ def wheel(sdist, site, out, work):
             files.append((os.path.relpath(path, site), data))
     files.append((f"{dist_info}/METADATA", metadata))
     for f in sorted(os.listdir(sdist)):
-        if f.startswith(("LICENSE", "COPYING")):
-            files.append((f"{dist_info}/licenses/{f}", open(os.path.join(sdist, f), "rb").read()))
+        path = os.path.join(sdist, f)
+        if f.startswith(("LICENSE", "COPYING")) and os.path.isfile(path):
+            files.append((f"{dist_info}/licenses/{f}", open(path, "rb").read()))
     files.append(
         (
             f"{dist_info}/WHEEL",
