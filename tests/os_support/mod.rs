@@ -163,12 +163,27 @@ macro_rules! every_backend {
 /// binary asks. `Err` says why it could not be built (the build needs PyPI).
 pub fn data_guest() -> Result<PathBuf, String> {
     static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
-    let mut built = BUILT
+    once(&BUILT, build_data_guest)
+}
+
+/// What `slot` holds, or what `build` makes (kept in `slot` when it succeeds): a guest built
+/// once per test binary, whichever of its tests asks first.
+fn once(
+    slot: &std::sync::Mutex<Option<PathBuf>>,
+    build: fn() -> Result<PathBuf, String>,
+) -> Result<PathBuf, String> {
+    let mut built = slot
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(path) = built.as_ref() {
         return Ok(path.clone());
     }
+    let path = build()?;
+    *built = Some(path.clone());
+    Ok(path)
+}
+
+fn build_data_guest() -> Result<PathBuf, String> {
     let cache = packaged_guest_cache();
     let out = std::process::Command::new(pycage_exe())
         .args(["run", "--guest", "data", "-c", "pass"])
@@ -182,7 +197,7 @@ pub fn data_guest() -> Result<PathBuf, String> {
         ));
     }
     // The newest, should builds of other sources have left theirs.
-    let path = std::fs::read_dir(cache.join("guests"))
+    std::fs::read_dir(cache.join("guests"))
         .map_err(|e| e.to_string())?
         .flatten()
         .map(|e| e.path())
@@ -190,9 +205,7 @@ pub fn data_guest() -> Result<PathBuf, String> {
             p.extension().is_some_and(|e| e == "wasm") && !p.to_string_lossy().contains(".partial.")
         })
         .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
-        .ok_or("no data guest in the cache after pycage built it")?;
-    *built = Some(path.clone());
-    Ok(path)
+        .ok_or_else(|| "no data guest in the cache after pycage built it".to_owned())
 }
 
 /// The packages of [`packaged_guest`], each with a module it preloads.
@@ -214,12 +227,10 @@ pub fn packaged_guest_cache() -> PathBuf {
 /// PyPI).
 pub fn packaged_guest() -> Result<PathBuf, String> {
     static BUILT: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
-    let mut built = BUILT
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(path) = built.as_ref() {
-        return Ok(path.clone());
-    }
+    once(&BUILT, build_packaged_guest)
+}
+
+fn build_packaged_guest() -> Result<PathBuf, String> {
     let exe = pycage_exe();
     let meta = std::fs::metadata(&exe).map_err(|e| e.to_string())?;
     let stamp = meta
@@ -269,6 +280,5 @@ pub fn packaged_guest() -> Result<PathBuf, String> {
         std::fs::rename(manifest(&partial), manifest(&path)).map_err(|e| e.to_string())?;
         std::fs::rename(&partial, &path).map_err(|e| e.to_string())?;
     }
-    *built = Some(path.clone());
     Ok(path)
 }
