@@ -143,8 +143,8 @@ fn init_logging() {
 }
 
 /// `--guest data`: the data guest's path in the name's place, built first if need be (see
-/// [`guest::resolve_data_guest`]). A server's config file may name it too; `mcp` and `serve`
-/// resolve that after reading the file.
+/// [`guest::resolve_data_guest`]). A server's config file may name it too;
+/// `sandbox::prepare_server_guest` resolves that after the file is read.
 async fn data_guest(command: &mut Command) -> Result<(), guest::Failed> {
     let slot = match command {
         Command::Run(args) => &mut args.sandbox.guest,

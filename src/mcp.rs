@@ -20,14 +20,7 @@ pub async fn mcp(args: McpArgs) -> Exit {
             return Exit::Usage;
         }
     };
-    if let Err((exit, message)) = crate::guest::resolve_data_guest(&mut config.guest).await {
-        eprintln!(
-            "pycage: guest = \"{}\": {message}",
-            pycage_server::config::DATA_GUEST
-        );
-        return exit;
-    }
-    if let Err((exit, message)) = crate::sandbox::prepare_server_guest(&config).await {
+    if let Err((exit, message)) = crate::sandbox::prepare_server_guest(&mut config).await {
         eprintln!("pycage: {message}");
         return exit;
     }

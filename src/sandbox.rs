@@ -157,13 +157,20 @@ pub fn describe_source(source: pycage::ArtifactSource) -> &'static str {
     }
 }
 
-/// A server's start on the wasm backend: loads (or compiles) the shared guest before the
+/// A server's start: puts the data guest in the place of its name (`guest = "data"`, built
+/// first if need be), then, on the wasm backend, loads (or compiles) the guest before the
 /// server takes requests, and says on stderr which it was and how long it took, so an
-/// operator sees whether a baked artifact was used. Other backends: nothing to do.
+/// operator sees whether a baked artifact was used. Other backends: nothing more to do.
 pub async fn prepare_server_guest(
-    config: &pycage_server::ServerConfig,
+    config: &mut pycage_server::ServerConfig,
 ) -> Result<(), (crate::exit::Exit, String)> {
     use crate::exit::Exit;
+    crate::guest::resolve_data_guest(&mut config.guest)
+        .await
+        .map_err(|(exit, message)| {
+            let name = pycage_server::config::DATA_GUEST;
+            (exit, format!("guest = \"{name}\": {message}"))
+        })?;
     if config.backend != pycage::BackendKind::Wasm {
         return Ok(());
     }
