@@ -150,8 +150,9 @@ const DATA_PRELOAD: &[&str] = &["numpy", "numpy.fft", "numpy.random"];
 /// path in its place, building the guest first when this pycage has not built it yet.
 ///
 /// The data guest lives in the cache directory, named after a digest of what it is built from
-/// (pycage's version, the guest's sources, the wheels), so an upgrade builds it again; a build goes to a file of its own and is renamed
-/// into place, so processes that race to build it each get a whole file.
+/// (pycage's version, the guest's sources, the wheels), so an upgrade builds it again; a build
+/// goes to a file of its own and is renamed into place, so processes that race to build it
+/// each get a whole file.
 pub async fn resolve_data_guest(guest: &mut Option<PathBuf>) -> Result<(), Failed> {
     if guest
         .as_deref()
