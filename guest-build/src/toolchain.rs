@@ -48,9 +48,26 @@ impl Toolchain {
             componentize,
             python: bin.join("python"),
         };
-        if fs::read_to_string(&stamp).ok().as_deref() == Some(lock_text)
-            && toolchain.componentize.exists()
-        {
+        let installed = || {
+            fs::read_to_string(&stamp).ok().as_deref() == Some(lock_text)
+                && toolchain.componentize.exists()
+        };
+        if installed() {
+            return Ok(toolchain);
+        }
+        // Processes that find it missing at once (a server and a `pycage run --guest data`
+        // on a new machine) take turns: `venv --clear` under another's pip breaks both. The
+        // lock is an advisory one on a file beside the virtualenv, released when it closes.
+        let parent = venv.parent().unwrap_or(Path::new("."));
+        fs::create_dir_all(parent)
+            .map_err(|e| BuildError::new(format!("creating {}: {e}", parent.display())))?;
+        let mut turn = venv.as_os_str().to_owned();
+        turn.push(".install-lock");
+        let turn = PathBuf::from(turn);
+        let turn = fs::File::create(&turn)
+            .and_then(|f| f.lock().map(|()| f))
+            .map_err(|e| BuildError::new(format!("locking {}: {e}", turn.display())))?;
+        if installed() {
             return Ok(toolchain);
         }
         progress(&format!(
@@ -85,6 +102,7 @@ impl Toolchain {
             "installing componentize-py (pip install --require-hashes)",
         )?;
         write(&stamp, lock_text)?;
+        drop(turn);
         Ok(toolchain)
     }
 
