@@ -1,12 +1,13 @@
-//! numpy for pycage's wasm guest, prebuilt.
+//! numpy and pandas for pycage's wasm guest, prebuilt.
 //!
 //! The guest is componentize-py 0.25.1's CPython 3.14 for `wasm32-wasip2`. A CPython extension
-//! module must be built for exactly that interpreter and its libc, so PyPI's numpy wheels do
-//! not fit it. [`WHEELS`] are wheels built for it by this crate's recipe (`recipe/build`, from
-//! numpy's sdist on PyPI with Debian's clang), tagged for the guest's platform only
-//! ([`PLATFORM`]), and checked against their committed BLAKE3 digests when this crate is built.
-//! `pycage guest build` offers them to pip beside the package index, so `--package numpy`
-//! resolves to them, and so does a package that depends on numpy.
+//! module must be built for exactly that interpreter and its libc, so PyPI's numpy and pandas
+//! wheels do not fit it. [`WHEELS`] are wheels built for it by this crate's recipe
+//! (`recipe/build`, from numpy's and pandas' sdists on PyPI with Debian's clang), tagged for
+//! the guest's platform only ([`PLATFORM`]), and checked against their committed BLAKE3
+//! digests when this crate is built. `pycage guest build` offers them to pip beside the package
+//! index, so `--package numpy` and `--package pandas` resolve to them, and so does a package
+//! that depends on them.
 
 /// A prebuilt wheel.
 #[derive(Debug, Clone, Copy)]
