@@ -518,8 +518,9 @@ pub struct SandboxArgs {
 
     /// Run this guest instead of the built-in one (wasm backend): a guest file with packages
     /// baked in, checked before use (its digest, the pycage version that built it, and its
-    /// imports); or `data`, the data guest (numpy, preloaded), built into the cache the first
-    /// time it is named (a file called data is `./data`) [default: the built-in guest].
+    /// imports); or `data`, the data guest (numpy and pandas, preloaded), built into the cache
+    /// the first time it is named (a file called data is `./data`) [default: the built-in
+    /// guest].
     #[arg(long, value_name = "FILE")]
     pub guest: Option<std::path::PathBuf>,
 }

@@ -1,7 +1,7 @@
 //! `pycage guest build` and `pycage guest info`: guests with packages baked in.
 //!
 //! A build resolves the packages with pip, for the guest's Python: pure-Python wheels, and the
-//! wheels `pycage-guest-data` built for this guest's CPython (numpy), offered with
+//! wheels `pycage-guest-data` built for this guest's CPython (numpy, pandas), offered with
 //! `--find-links` under a platform tag of their own. Any other distribution with a C
 //! extension, or one published only as a source distribution, has no such wheel and is
 //! refused by name. pip installs them into a private directory; the guest is built with them
@@ -141,10 +141,21 @@ async fn build(args: GuestBuildArgs) -> Result<(), Failed> {
     Ok(())
 }
 
-/// What the data guest holds: pycage-guest-data's numpy, preloaded with the submodules code
-/// reaches for first, so that importing them in a run costs what `import json` does.
-const DATA_PACKAGES: &[&str] = &["numpy"];
-const DATA_PRELOAD: &[&str] = &["numpy", "numpy.fft", "numpy.random"];
+/// What the data guest holds: pycage-guest-data's numpy and pandas, and pandas' pure-Python
+/// dependencies, each pinned (a release on the index does not change the guest a pycage
+/// builds; python-dateutil 4.0.0 breaks pandas 3.0.6's dateutil time zones, whose private
+/// attributes it renamed, so 2.9 it is); tzdata too, which pandas asks for only on Windows and Emscripten but needs
+/// wherever there is no system time zone database, as in the guest. Preloaded with the
+/// submodules code reaches for first, so that importing them in a run costs what
+/// `import json` does.
+const DATA_PACKAGES: &[&str] = &[
+    "numpy==2.4.6",
+    "pandas==3.0.6",
+    "python-dateutil==2.9.0.post0",
+    "six==1.17.0",
+    "tzdata==2026.6",
+];
+const DATA_PRELOAD: &[&str] = &["numpy", "numpy.fft", "numpy.random", "pandas"];
 
 /// When `guest` is [`DATA_GUEST`](pycage_server::config::DATA_GUEST), puts the data guest's
 /// path in its place, building the guest first when this pycage has not built it yet.
@@ -183,8 +194,8 @@ pub async fn resolve_data_guest(guest: &mut Option<PathBuf>) -> Result<(), Faile
         std::fs::create_dir_all(&dir)
             .map_err(|e| internal(format!("creating {}: {e}", dir.display())))?;
         eprintln!(
-            "pycage: building the data guest (numpy) into {}, once for this pycage: about a \
-             minute",
+            "pycage: building the data guest (numpy, pandas) into {}, once for this pycage: \
+             a minute or two",
             path.display()
         );
         let partial = dir.join(format!("data-{}.partial.wasm", std::process::id()));
@@ -202,6 +213,8 @@ pub async fn resolve_data_guest(guest: &mut Option<PathBuf>) -> Result<(), Faile
             std::fs::rename(&from, &to)
                 .map_err(|e| internal(format!("renaming {}: {e}", from.display())))?;
         }
+        // The build's own last line names the file it wrote; this is where it now lives.
+        eprintln!("pycage: the data guest is {}", path.display());
     }
     *guest = Some(path);
     Ok(())
@@ -242,7 +255,7 @@ fn toolchain() -> Result<Toolchain, Failed> {
     })
 }
 
-/// Writes pycage-guest-data's prebuilt wheels (numpy for this guest) into a directory of
+/// Writes pycage-guest-data's prebuilt wheels (numpy and pandas for this guest) into a directory of
 /// `work`, for pip's `--find-links`.
 fn prebuilt_wheels(work: &Path) -> Result<PathBuf, Failed> {
     let dir = work.join("prebuilt-wheels");

@@ -1,23 +1,28 @@
-"""Runs a listed subset of numpy's own test suite inside pycage's data guest.
+"""Runs a listed subset of a package's own test suite (numpy's, pandas') inside pycage's
+data guest.
 
-The run's working directory holds ``suite.tar`` (numpy's test files from its sdist, and the
-wheels of pytest and hypothesis) and ``expected-failures.txt``. The wheels are unpacked here
-and put on ``sys.path``; numpy's test packages are found beside the guest's numpy by adding
-this directory's copies to its packages' ``__path__``. The run returns what happened: counts
+The run's variables: ``SUITES``, the test paths to run; ``PACKAGES``, the guest's packages
+whose test packages come from this directory; ``EXPECTED``, the file of expected failures;
+``ARGS``, pytest's further arguments.
+The run's working directory holds ``suite.tar`` (the package's test files from its sdist, and
+the wheels of pytest and hypothesis) and the expected-failures file. The wheels are unpacked
+here and put on ``sys.path``; the test packages are found beside the guest's own by adding this
+directory's copies to each of ``PACKAGES``' ``__path__``. The run returns what happened: counts
 per suite, the failures no line of the list expects, and the lines that expected a failure
-that did not happen. Only the harness adapts, never numpy's tests: what the guest lacks
+that did not happen. Only the harness adapts, never the packages' tests: what the guest lacks
 (``ctypes``, ``mmap``, file descriptors to capture, ``/dev/null``, a user id) is either
 stubbed so that only the tests that use it fail, or turned off in pytest.
 """
 
-import fnmatch
 import os
+import re
 import sys
 import tarfile
 import types
 import zipfile
 
-# SUITES, the test paths to run, is a variable of the run (`--var SUITES=[...]`).
+# SUITES, PACKAGES, EXPECTED and ARGS (pytest's further arguments) are variables of the run
+# (`--var SUITES=[...]`).
 
 tarfile.open("suite.tar").extractall(".", filter="data")
 root = os.getcwd()
@@ -30,14 +35,11 @@ sys.path.insert(0, site)
 os.makedirs(os.path.join(root, "tmp"), exist_ok=True)
 os.environ["TMPDIR"] = os.path.join(root, "tmp")
 
-import numpy  # noqa: E402
-import numpy._core  # noqa: E402
-import numpy.fft  # noqa: E402
-import numpy.linalg  # noqa: E402
-import numpy.random  # noqa: E402
+import importlib  # noqa: E402
 
-for package in (numpy, numpy._core, numpy.linalg, numpy.fft, numpy.random):
-    package.__path__.append(os.path.join(root, *package.__name__.split(".")))
+for name in PACKAGES:  # noqa: F821
+    package = importlib.import_module(name)
+    package.__path__.append(os.path.join(root, *name.split(".")))
 
 
 class Missing(types.ModuleType):
@@ -45,6 +47,9 @@ class Missing(types.ModuleType):
     collected, and the tests that use it fail with this error (listed as expected)."""
 
     def __getattr__(self, name):
+        if name.startswith("__"):
+            # What tools ask of every module (hypothesis looks for `__file__`).
+            raise AttributeError(name)
         raise ImportError(f"{self.__name__} is not in the wasm guest")
 
 
@@ -52,12 +57,14 @@ for name in ("ctypes", "mmap"):
     sys.modules[name] = Missing(name)
 
 expected = []
-with open("expected-failures.txt") as f:
+with open(EXPECTED) as f:  # noqa: F821
     for line in f:
         line = line.strip()
         if line and not line.startswith("#"):
             pattern, _, reason = line.partition("  ")
-            expected.append((pattern, reason.strip()))
+            # `*` is any text; everything else, `[` of a parametrized id included, is itself.
+            regex = re.compile(".*".join(map(re.escape, pattern.split("*"))))
+            expected.append((regex, reason.strip()))
 
 
 class Outcomes:
@@ -107,6 +114,7 @@ code = pytest.main(
         "-p",
         "no:logging",
         "--tb=no",
+        *ARGS,  # noqa: F821
         *SUITES,  # noqa: F821
     ],
     plugins=[outcomes],
@@ -114,7 +122,7 @@ code = pytest.main(
 
 
 def expects(nodeid):
-    return any(fnmatch.fnmatchcase(nodeid, pattern) for pattern, _ in expected)
+    return any(regex.fullmatch(nodeid) for regex, _ in expected)
 
 
 return {
@@ -123,8 +131,8 @@ return {
     "expected_failures": sum(1 for n in outcomes.failures if expects(n)),
     "unexpected": {n: why for n, why in outcomes.failures.items() if not expects(n)},
     "stale": [
-        pattern
-        for pattern, _ in expected
-        if not any(fnmatch.fnmatchcase(n, pattern) for n in outcomes.failures)
+        regex.pattern
+        for regex, _ in expected
+        if not any(regex.fullmatch(n) for n in outcomes.failures)
     ],
 }

@@ -190,11 +190,18 @@ fn build_data_guest() -> Result<PathBuf, String> {
         .env("PYCAGE_CACHE_DIR", &cache)
         .output()
         .map_err(|e| format!("running pycage: {e}"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
-        return Err(format!(
-            "pycage run --guest data failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
+        return Err(format!("pycage run --guest data failed: {stderr}"));
+    }
+    // A first use builds it and says where it put it; the file is there.
+    if stderr.contains("building the data guest") {
+        let path = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("pycage: the data guest is "))
+            .map(PathBuf::from);
+        assert!(path.as_ref().is_some_and(|p| p.is_file()), "{stderr}");
+        return Ok(path.unwrap_or_default());
     }
     // The newest, should builds of other sources have left theirs.
     std::fs::read_dir(cache.join("guests"))
