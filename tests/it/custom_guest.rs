@@ -535,6 +535,49 @@ fn the_data_guest_runs_numpy_from_its_prebuilt_wheel() {
     );
 }
 
+/// The limits of a session hold inside numpy's and pandas' C code: a deadline interrupts a
+/// Python loop of matrix products (the session keeps its DataFrame), and one C call that
+/// runs past it is stopped by the epoch backstop, which ends the session and nothing else.
+#[tokio::test]
+async fn a_session_on_the_data_guest_is_interrupted_inside_numpy_and_keeps_its_dataframe() {
+    if !data_guest_built() {
+        return;
+    }
+    let guest = Guest::from_path(&os_support::data_guest().unwrap()).unwrap();
+    let backend = WasmBackend::builder()
+        .cache_dir(Some(os_support::packaged_guest_cache()))
+        .guest(guest)
+        .build()
+        .unwrap();
+    let runner = Runner::builder()
+        .backend(Arc::new(backend))
+        .limits(crate::common::wall(std::time::Duration::from_millis(500)))
+        .build()
+        .unwrap();
+    let session = runner.session().await.unwrap();
+    let r = session
+        .run("import numpy as np, pandas as pd\ndf = pd.DataFrame({'a': range(5)})")
+        .await;
+    assert!(r.ok, "{r:#?}");
+    let r = session
+        .run("m = np.ones((200, 200))\nwhile True:\n    m = m @ m / 200")
+        .await;
+    crate::common::assert_kind(&r, pycage::ErrorKind::Timeout);
+    assert!(!r.session_ended, "{r:#?}");
+    let r = session.run("return int(df['a'].sum())").await;
+    assert_eq!(r.value, json!(10), "{r:#?}");
+
+    // One product that takes seconds: no bytecode runs until it returns, so the interrupt
+    // waits, and the backstop stops the instance; the session is over.
+    let r = session.run("big = np.ones((1500, 1500))\nbig @ big").await;
+    crate::common::assert_kind(&r, pycage::ErrorKind::Timeout);
+    assert!(r.session_ended, "{r:#?}");
+    crate::common::assert_kind(
+        &session.run("return 1").await,
+        pycage::ErrorKind::SessionEnded,
+    );
+}
+
 const USES_PANDAS: &str = r#"
 import sys
 preloaded = "pandas" in sys.modules
