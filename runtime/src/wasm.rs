@@ -24,6 +24,7 @@ mod interrupt;
 mod linker;
 mod pool;
 mod reaper;
+mod slot;
 mod state;
 mod swap;
 

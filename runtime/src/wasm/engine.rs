@@ -134,8 +134,9 @@ fn pooling(max_instances: u32, reset: SlotReset) -> PoolingAllocationConfig {
     // 48 keeps at most 32 separate written regions this way and releases everything after
     // the 32nd, read-only mappings included. The guest's build keeps a short run below that
     // (an immortal snapshot, its still-written code packed together: see
-    // `guest-default/python/pycage_wasm.py`): `pass` writes 24 regions, a run that compiles a new
-    // regex 36, and loses what lies after its 32nd. Without PAGEMAP_SCAN,
+    // `guest-default/python/pycage_wasm.py`), and before a used store is dropped the smallest
+    // gaps between the regions its slot holds are filled so that they stay within it
+    // (`super::slot`). Without PAGEMAP_SCAN,
     // keeping pages resident would `memset` the whole region on every drop, which costs more
     // than it saves. With swap, resetting in place is unsound (see `super::swap`).
     match reset {

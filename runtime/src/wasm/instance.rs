@@ -17,13 +17,14 @@ use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
 use super::bindings::exports::pycage::sandbox::guest::Failure;
-use super::bindings::{Sandbox, SandboxIndices, SandboxPre};
+use super::bindings::{SandboxIndices, SandboxPre};
 use super::classify::{self, Ending, Evidence};
 use super::clock::VirtualClock;
 use super::engine::{FUEL_YIELD_INTERVAL, SlotReset};
 use super::fs::ScratchSlot;
 use super::interrupt;
 use super::reaper::GuestStore;
+use super::slot::NotedCode;
 use super::state::{GuestLimiter, MAX_RESOURCES, RunState};
 use crate::backend::Job;
 use crate::broker::ToolGate;
@@ -40,13 +41,18 @@ const INSTANTIATE_TIMEOUT: Duration = Duration::from_secs(30);
 /// An instantiated guest that has never run.
 pub(crate) struct Fresh {
     store: GuestStore,
-    sandbox: Sandbox,
     instance: wasmtime::component::Instance,
     /// A session's way into the guest (see [`Fresh::into_session`]); its interrupt is the
     /// store's (`RunState::interrupt`).
     session_run: Option<SessionRun>,
+    /// The guest's `run` export, called with code that notes where the guest's memory is as
+    /// it is lowered (`slot::NotedCode`), for the slot's reset.
+    run: NotedRun,
     meter_fuel: bool,
 }
+
+/// How one-shot runs (and the warm pool's priming run) enter the guest.
+type NotedRun = wasmtime::component::TypedFunc<(NotedCode, String), (Result<String, Failure>,)>;
 
 /// How a session's runs enter the guest: its `run` export, called with code that arms the
 /// run's interrupt as it is lowered (`interrupt::Code`).
@@ -115,6 +121,7 @@ impl Fresh {
             scratch: ScratchSlot::None,
             virtual_clock: seed.map(|_| VirtualClock::default()),
             interrupt: None,
+            memory: Arc::default(),
         };
         let mut store = GuestStore::new(Store::new(engine, state));
         store.limiter(|s| &mut s.limiter);
@@ -150,12 +157,14 @@ impl Fresh {
         )
         .await
         .map_err(|_| wasmtime::format_err!("instantiating the guest timed out"))??;
-        let sandbox = indices.load(&mut *store, &instance)?;
+        // Checks the guest's exports against the world's; runs go through `run_export`.
+        indices.load(&mut *store, &instance)?;
+        let run = run_export(&instance, &mut store)?;
         Ok(Fresh {
             store,
-            sandbox,
             instance,
             session_run: None,
+            run,
             meter_fuel,
         })
     }
@@ -192,10 +201,14 @@ impl Fresh {
             r#"["t6", "p.t6", "A tool that the priming run defines and never calls."],"#,
             r#"["t7", "p.t7", "A tool that the priming run defines and never calls."]]}"#,
         );
-        self.sandbox
-            .pycage_sandbox_guest()
-            .call_run(&mut *self.store, CODE, REQUEST)
+        let code = NotedCode {
+            text: CODE.into(),
+            note: self.store.data().memory.clone(),
+        };
+        self.run
+            .call_async(&mut *self.store, (code, REQUEST.into()))
             .await?
+            .0
             .map(drop)
             .map_err(|f| wasmtime::format_err!("priming failed in the guest: {}", f.message))
     }
@@ -217,23 +230,7 @@ impl Fresh {
         limits: &crate::Limits,
         sites: interrupt::SiteCell,
     ) -> wasmtime::Result<Fresh> {
-        let guest = self
-            .instance
-            .get_export_index(&mut *self.store, None, "pycage:sandbox/guest@0.1.0")
-            .ok_or_else(|| {
-                wasmtime::format_err!("the guest exports no `pycage:sandbox/guest@0.1.0`")
-            })?;
-        let run = self
-            .instance
-            .get_export_index(&mut *self.store, Some(&guest), "run")
-            .ok_or_else(|| wasmtime::format_err!("the guest exports no `run`"))?;
-        let run = self
-            .instance
-            .get_typed_func::<(interrupt::Code, String), (Result<String, Failure>,)>(
-                &mut *self.store,
-                &run,
-            )?;
-        self.session_run = Some(run);
+        self.session_run = Some(run_export(&self.instance, &mut self.store)?);
         let state = self.store.data_mut();
         state.scratch = ScratchSlot::Lazy(limits.clone());
         state.interrupt = Some(Arc::new(interrupt::Probe::new(sites)));
@@ -252,7 +249,7 @@ impl Fresh {
     ) -> Outcome {
         let meter_fuel = self.meter_fuel;
         let store = &mut self.store;
-        let sandbox = &self.sandbox;
+        let noted_run = &self.run;
         let limits = &job.limits;
         let deadline = Instant::now() + limits.wall_timeout();
         let budget = limits.fuel().unwrap_or(u64::MAX);
@@ -334,10 +331,16 @@ impl Fresh {
                 until(deadline, run, || gate.halted(), Some(probe)).await
             }
             (Ok(()), ..) => {
-                let run =
-                    sandbox
-                        .pycage_sandbox_guest()
-                        .call_run(&mut **store, &job.code, &request);
+                let code = NotedCode {
+                    text: std::mem::take(&mut job.code),
+                    note: store.data().memory.clone(),
+                };
+                let run = async {
+                    noted_run
+                        .call_async(&mut **store, (code, request))
+                        .await
+                        .map(|(r,)| r)
+                };
                 until(deadline, run, || gate.halted(), None).await
             }
         };
@@ -473,4 +476,24 @@ async fn until<F: Future>(
         Poll::Pending
     })
     .await
+}
+
+/// The guest's `run` export, typed with `P` (its code lowered as a `string` by a type that
+/// notes something on the way: `interrupt::Code`, `slot::NotedCode`).
+fn run_export<P>(
+    instance: &wasmtime::component::Instance,
+    store: &mut GuestStore,
+) -> wasmtime::Result<wasmtime::component::TypedFunc<P, (Result<String, Failure>,)>>
+where
+    P: wasmtime::component::ComponentNamedList + wasmtime::component::Lower + Send + Sync,
+{
+    let guest = instance
+        .get_export_index(&mut **store, None, "pycage:sandbox/guest@0.1.0")
+        .ok_or_else(|| {
+            wasmtime::format_err!("the guest exports no `pycage:sandbox/guest@0.1.0`")
+        })?;
+    let run = instance
+        .get_export_index(&mut **store, Some(&guest), "run")
+        .ok_or_else(|| wasmtime::format_err!("the guest exports no `run`"))?;
+    instance.get_typed_func::<P, (Result<String, Failure>,)>(&mut **store, &run)
 }

@@ -13,6 +13,7 @@ use super::clock::VirtualClock;
 use super::engine::SlotReset;
 use super::fs::{ScratchSlot, ScratchView};
 use super::interrupt::Probe;
+use super::slot::MemoryNote;
 use crate::broker::ToolGate;
 use crate::capture::CapturePipe;
 
@@ -47,6 +48,8 @@ pub(crate) struct RunState {
     /// A session's interrupt: its run is interrupted at its deadline and given a grace period
     /// before it is trapped (see `super::interrupt`). `None`: a one-shot run, trapped at once.
     pub interrupt: Option<Arc<Probe>>,
+    /// Where the guest's memory is, once its first call has been lowered (see `super::slot`).
+    pub memory: Arc<MemoryNote>,
 }
 
 impl RunState {
