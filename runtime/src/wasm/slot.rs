@@ -39,6 +39,12 @@ const TARGET: usize = 28;
 /// more than the faults it saves.
 const MAX_FILL_PAGES: usize = 256;
 
+/// A slot's pages are read once in this many of its resets. Reading the page map over a
+/// guest's 28 MiB took more of the reaper thread than wasmtime's own scan (9% against 7% of
+/// all samples in `perf record` of fresh runs), and a slot's regions change little from one
+/// run to the next once its gaps are filled.
+const SCAN_EVERY: u32 = 8;
+
 /// Where a guest's linear memory is, noted when the guest is first called.
 #[derive(Debug, Default)]
 pub(crate) struct MemoryNote(OnceLock<Span>);
@@ -149,6 +155,9 @@ pub(crate) fn merge(note: &MemoryNote) {
     let Some(span) = note.0.get() else {
         return;
     };
+    if !scan_due(span.base) {
+        return;
+    }
     let Some(regions) = private_regions_of(span, page) else {
         return;
     };
@@ -161,6 +170,25 @@ pub(crate) fn merge(note: &MemoryNote) {
             // reads or writes it now. The byte is written back unchanged.
             unsafe { byte.write_volatile(byte.read_volatile()) };
         }
+    }
+}
+
+/// Whether the slot at `base` is due a scan: at its first reset, and then once in
+/// [`SCAN_EVERY`]. Slots are told apart by their memory's address, fixed for the pool's life.
+#[cfg(target_os = "linux")]
+fn scan_due(base: usize) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{LazyLock, Mutex, PoisonError};
+
+    static SKIPS: LazyLock<Mutex<HashMap<usize, u32>>> = LazyLock::new(Mutex::default);
+    let mut skips = SKIPS.lock().unwrap_or_else(PoisonError::into_inner);
+    let left = skips.entry(base).or_insert(0);
+    if *left == 0 {
+        *left = SCAN_EVERY - 1;
+        true
+    } else {
+        *left -= 1;
+        false
     }
 }
 
@@ -242,6 +270,15 @@ mod tests {
         let pages: usize = fill.iter().map(|(s, e)| e - s).sum();
         assert!(pages <= MAX_FILL_PAGES, "{pages}");
         assert_eq!(fill.len(), 4);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_slot_is_scanned_at_its_first_reset_then_once_in_scan_every() {
+        // An address no slot has: memories are page-aligned.
+        let due: Vec<bool> = (0..2 * SCAN_EVERY).map(|_| scan_due(1)).collect();
+        assert!(due[0]);
+        assert_eq!(due.iter().filter(|&&d| d).count(), 2);
     }
 
     /// A private mapping of a file stands for a slot's memory mapped from the snapshot: pages
