@@ -22,6 +22,7 @@ pub mod guest;
 mod instance;
 mod interrupt;
 mod linker;
+mod noted;
 mod pool;
 mod reaper;
 mod slot;

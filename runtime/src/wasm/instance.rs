@@ -23,8 +23,9 @@ use super::clock::VirtualClock;
 use super::engine::{FUEL_YIELD_INTERVAL, SlotReset};
 use super::fs::ScratchSlot;
 use super::interrupt;
+use super::noted::Noted;
 use super::reaper::GuestStore;
-use super::slot::NotedCode;
+use super::slot::MemoryNote;
 use super::state::{GuestLimiter, MAX_RESOURCES, RunState};
 use crate::backend::Job;
 use crate::broker::ToolGate;
@@ -46,18 +47,20 @@ pub(crate) struct Fresh {
     /// store's (`RunState::interrupt`).
     session_run: Option<SessionRun>,
     /// The guest's `run` export, called with code that notes where the guest's memory is as
-    /// it is lowered (`slot::NotedCode`), for the slot's reset.
-    run: NotedRun,
+    /// it is lowered (`super::noted`), for the slot's reset.
+    run: OneShotRun,
     meter_fuel: bool,
 }
 
 /// How one-shot runs (and the warm pool's priming run) enter the guest.
-type NotedRun = wasmtime::component::TypedFunc<(NotedCode, String), (Result<String, Failure>,)>;
+type OneShotRun = GuestRun<Arc<MemoryNote>>;
 
-/// How a session's runs enter the guest: its `run` export, called with code that arms the
-/// run's interrupt as it is lowered (`interrupt::Code`).
-type SessionRun =
-    wasmtime::component::TypedFunc<(interrupt::Code, String), (Result<String, Failure>,)>;
+/// How a session's runs enter the guest: with code that also arms the run's interrupt as it
+/// is lowered.
+type SessionRun = GuestRun<(Arc<interrupt::Probe>, Arc<MemoryNote>)>;
+
+/// The guest's `run` export, its code shown to `N` as it is lowered (`super::noted`).
+type GuestRun<N> = wasmtime::component::TypedFunc<(Noted<N>, String), (Result<String, Failure>,)>;
 
 /// What one run produced, before the backend wraps it in a `RunResult`.
 pub(crate) struct Outcome {
@@ -201,9 +204,9 @@ impl Fresh {
             r#"["t6", "p.t6", "A tool that the priming run defines and never calls."],"#,
             r#"["t7", "p.t7", "A tool that the priming run defines and never calls."]]}"#,
         );
-        let code = NotedCode {
+        let code = Noted {
             text: CODE.into(),
-            note: self.store.data().memory.clone(),
+            noter: self.store.data().memory.clone(),
         };
         self.run
             .call_async(&mut *self.store, (code, REQUEST.into()))
@@ -318,9 +321,9 @@ impl Fresh {
         let outcome = match (fuel_set, &self.session_run, &probe) {
             (Err(e), ..) => Ok(Err(e)),
             (Ok(()), Some(session_run), Some(probe)) => {
-                let code = interrupt::Code {
+                let code = Noted {
                     text: std::mem::take(&mut job.code),
-                    probe: probe.clone(),
+                    noter: (probe.clone(), store.data().memory.clone()),
                 };
                 let run = async {
                     session_run
@@ -331,9 +334,9 @@ impl Fresh {
                 until(deadline, run, || gate.halted(), Some(probe)).await
             }
             (Ok(()), ..) => {
-                let code = NotedCode {
+                let code = Noted {
                     text: std::mem::take(&mut job.code),
-                    note: store.data().memory.clone(),
+                    noter: store.data().memory.clone(),
                 };
                 let run = async {
                     noted_run
@@ -478,15 +481,11 @@ async fn until<F: Future>(
     .await
 }
 
-/// The guest's `run` export, typed with `P` (its code lowered as a `string` by a type that
-/// notes something on the way: `interrupt::Code`, `slot::NotedCode`).
-fn run_export<P>(
+/// The guest's `run` export, its code shown to `N` as it is lowered.
+fn run_export<N: super::noted::Noter>(
     instance: &wasmtime::component::Instance,
     store: &mut GuestStore,
-) -> wasmtime::Result<wasmtime::component::TypedFunc<P, (Result<String, Failure>,)>>
-where
-    P: wasmtime::component::ComponentNamedList + wasmtime::component::Lower + Send + Sync,
-{
+) -> wasmtime::Result<GuestRun<N>> {
     let guest = instance
         .get_export_index(&mut **store, None, "pycage:sandbox/guest@0.1.0")
         .ok_or_else(|| {
@@ -495,5 +494,5 @@ where
     let run = instance
         .get_export_index(&mut **store, Some(&guest), "run")
         .ok_or_else(|| wasmtime::format_err!("the guest exports no `run`"))?;
-    instance.get_typed_func::<P, (Result<String, Failure>,)>(&mut **store, &run)
+    instance.get_typed_func(&mut **store, run)
 }

@@ -19,15 +19,9 @@
 //! after the grace period, the run is stopped there and the session ends.
 //!
 //! **Finding the memory.** The component model gives an embedder no handle on a component's
-//! core memory: a `Memory` comes only from a core instance, which a component does not
-//! expose, and a trap (as in a core dump) would end the instance. The one place wasmtime shows
-//! the host a component's memory is the canonical ABI's lowering context, which it hands to
-//! each value it lowers into the guest. So a session's runs pass their code as [`Code`], a
-//! string that, while wasmtime lowers it, notes where the guest's memory is. `Code`
-//! implements wasmtime's `ComponentType` and `Lower` by delegating to `str`; those traits'
-//! methods are `#[doc(hidden)]` (they are what `#[derive(Lower)]` generates), which is why
-//! wasmtime is pinned to one exact version here, and `tests/it/sessions.rs` exercises the whole
-//! path on every build.
+//! core memory, and a trap (as in a core dump) would end the instance. So a session's runs
+//! pass their code as `super::noted::Noted`, which shows the guest's memory to the run's
+//! [`Probe`] while wasmtime lowers it.
 //!
 //! **Finding the places.** The guest's snapshot holds a marked table (`_interrupt_table` in
 //! `pycage_wasm.py`): the interpreter's version, `NSIG`, the handler's address and the
@@ -45,14 +39,8 @@
 //! clear. If any check fails, sessions of
 //! that guest trap at their deadline as one-shot runs do, and the log says why.
 
-use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-
-use wasmtime::component::__internal::{
-    CanonicalAbiInfo, InstanceType, InterfaceType, LowerContext,
-};
-use wasmtime::component::{ComponentType, Lower};
 
 /// How long code may take to stop after it has been interrupted before it is trapped.
 pub(crate) const GRACE: Duration = crate::backend::INTERRUPT_GRACE;
@@ -201,13 +189,6 @@ fn eval_breaker(data: &[u8], table: &Table) -> Option<usize> {
 /// they were not found, and its runs trap at their deadline).
 pub(crate) type SiteCell = Arc<OnceLock<Option<Sites>>>;
 
-/// A session run's code, lowered into the guest as a `string`, which notes on the way where
-/// the guest's memory is (see the module's documentation).
-pub(crate) struct Code {
-    pub text: String,
-    pub probe: Arc<Probe>,
-}
-
 /// A session's interrupt: armed by each run as its code is lowered, sent at the run's
 /// deadline by whichever comes first, the run's driver (between two polls) or a wait or tool
 /// call that the deadline cut short (in that host call, see `super::linker`).
@@ -329,37 +310,9 @@ impl Probe {
     }
 }
 
-// SAFETY: `Code` is lowered exactly as `str` is: the same flat representation and canonical
-// ABI, checked against the same interface type.
-unsafe impl ComponentType for Code {
-    type Lower = <str as ComponentType>::Lower;
-    const ABI: CanonicalAbiInfo = <str as ComponentType>::ABI;
-
-    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
-        <str as ComponentType>::typecheck(ty, types)
-    }
-}
-
-// SAFETY: as for `ComponentType`: every lowering is `str`'s, after a look at the memory.
-unsafe impl Lower for Code {
-    fn linear_lower_to_flat<T>(
-        &self,
-        cx: &mut LowerContext<'_, T>,
-        ty: InterfaceType,
-        dst: &mut MaybeUninit<Self::Lower>,
-    ) -> wasmtime::Result<()> {
-        self.probe.note(cx.as_slice_mut());
-        self.text.as_str().linear_lower_to_flat(cx, ty, dst)
-    }
-
-    fn linear_lower_to_memory<T>(
-        &self,
-        cx: &mut LowerContext<'_, T>,
-        ty: InterfaceType,
-        offset: usize,
-    ) -> wasmtime::Result<()> {
-        self.probe.note(cx.as_slice_mut());
-        self.text.as_str().linear_lower_to_memory(cx, ty, offset)
+impl super::noted::Noter for Arc<Probe> {
+    fn note(&self, memory: &mut [u8]) {
+        Probe::note(self, memory);
     }
 }
 

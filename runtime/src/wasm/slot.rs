@@ -17,27 +17,39 @@
 //! regions, writes each byte of the smallest gaps between them back to itself: those pages
 //! become private copies too, their regions merge, and every later reset copies them back
 //! with the rest. In that slot, the ten smallest gaps (1 to 15 pages) came to 51 pages: 204
-//! KiB more to copy back per reset, against 11 MiB released and faulted in. Gaps are filled up
-//! to [`MAX_FILL_PAGES`] in all; a slot that needs more keeps wasmtime's behaviour.
+//! KiB more to copy back per reset, against 11 MiB released and faulted in. A slot whose gaps
+//! take more than [`MAX_FILL_BYTES`], or that would then hold more than [`MAX_SLOT_BYTES`], or
+//! while all slots together would hold more than [`MAX_TOTAL_BYTES`], is not filled, and keeps
+//! wasmtime's behaviour.
 //!
-//! wasmtime gives an embedder no handle on a component's memory; as in `super::interrupt`,
-//! the memory's place is noted while wasmtime lowers a run's code into it ([`NotedCode`]).
+//! wasmtime gives an embedder no handle on a component's memory; its place is noted while
+//! wasmtime lowers a run's code into it (`super::noted`).
 
-use std::mem::MaybeUninit;
+// Only Linux resets slots in place (`PAGEMAP_SCAN`); elsewhere `merge` does nothing, and what
+// it would use is left unused.
+#![cfg_attr(not(target_os = "linux"), allow(dead_code))]
+
 use std::sync::{Arc, OnceLock};
-
-use wasmtime::component::__internal::{
-    CanonicalAbiInfo, InstanceType, InterfaceType, LowerContext,
-};
-use wasmtime::component::{ComponentType, Lower};
 
 /// The most regions a slot is left holding: wasmtime follows 32, and a run may write a few
 /// regions its slot has not held before.
 const TARGET: usize = 28;
 
-/// The most pages filled in one slot: past this, copying them back on every reset would cost
-/// more than the faults it saves.
-const MAX_FILL_PAGES: usize = 256;
+/// The most filled in one slot at one reset: past this, copying it back on every reset would
+/// cost more than the faults it saves.
+const MAX_FILL_BYTES: usize = 1 << 20;
+
+/// A slot is filled only while the private pages it holds, the fill included, stay within this.
+/// A private page stays one after its reset (it is copied back, not released), so once filled a
+/// slot keeps what its runs write within 32 regions for good: its memory and its resets' copying
+/// grow with it. A soak of 11,000 mixed runs, 16 at a time, with no bound grew the process's
+/// private memory by 111 MiB (`tests/soak.rs`).
+const MAX_SLOT_BYTES: usize = 2 << 20;
+
+/// Slots are filled only while the private pages of every slot scanned, the fill included,
+/// stay within this: many slots in use at once (concurrent runs, the reaper's backlog) keep
+/// wasmtime's behaviour, which releases what lies past their 32nd region.
+const MAX_TOTAL_BYTES: usize = 8 << 20;
 
 /// A slot's pages are read once in this many of its resets. Reading the page map over a
 /// guest's 28 MiB took more of the reaper thread than wasmtime's own scan (9% against 7% of
@@ -66,61 +78,23 @@ impl MemoryNote {
     }
 }
 
-/// A run's code, lowered into the guest as a `string`, which notes where the guest's memory
-/// is on the way (see the module's documentation).
-pub(crate) struct NotedCode {
-    pub text: String,
-    pub note: Arc<MemoryNote>,
-}
-
-// SAFETY: `NotedCode` is lowered exactly as `str` is: the same flat representation and
-// canonical ABI, checked against the same interface type.
-unsafe impl ComponentType for NotedCode {
-    type Lower = <str as ComponentType>::Lower;
-    const ABI: CanonicalAbiInfo = <str as ComponentType>::ABI;
-
-    fn typecheck(ty: &InterfaceType, types: &InstanceType<'_>) -> wasmtime::Result<()> {
-        <str as ComponentType>::typecheck(ty, types)
-    }
-}
-
-// SAFETY: as for `ComponentType`: every lowering is `str`'s, after the memory's place is noted.
-unsafe impl Lower for NotedCode {
-    fn linear_lower_to_flat<T>(
-        &self,
-        cx: &mut LowerContext<'_, T>,
-        ty: InterfaceType,
-        dst: &mut MaybeUninit<Self::Lower>,
-    ) -> wasmtime::Result<()> {
-        self.note.note(cx.as_slice_mut());
-        self.text.as_str().linear_lower_to_flat(cx, ty, dst)
-    }
-
-    fn linear_lower_to_memory<T>(
-        &self,
-        cx: &mut LowerContext<'_, T>,
-        ty: InterfaceType,
-        offset: usize,
-    ) -> wasmtime::Result<()> {
-        self.note.note(cx.as_slice_mut());
-        self.text.as_str().linear_lower_to_memory(cx, ty, offset)
+impl super::noted::Noter for Arc<MemoryNote> {
+    fn note(&self, memory: &mut [u8]) {
+        MemoryNote::note(self, memory);
     }
 }
 
 /// The gaps to fill so that `regions` (sorted, disjoint `[start, end)` page ranges) become at
-/// most [`TARGET`] regions, smallest first, within [`MAX_FILL_PAGES`] pages in all.
-fn gaps_to_fill(regions: &[(usize, usize)]) -> Vec<(usize, usize)> {
+/// most [`TARGET`] regions, smallest first, if they come to at most `budget` pages; none if not.
+fn gaps_to_fill(regions: &[(usize, usize)], budget: usize) -> Vec<(usize, usize)> {
     let mut gaps: Vec<(usize, usize)> = regions.windows(2).map(|w| (w[0].1, w[1].0)).collect();
     gaps.sort_by_key(|&(start, end)| (end - start, start));
-    let excess = regions.len().saturating_sub(TARGET);
-    let mut filled = 0;
-    gaps.into_iter()
-        .take(excess)
-        .take_while(|&(start, end)| {
-            filled += end - start;
-            filled <= MAX_FILL_PAGES
-        })
-        .collect()
+    gaps.truncate(regions.len().saturating_sub(TARGET));
+    let pages: usize = gaps.iter().map(|(start, end)| end - start).sum();
+    if pages > budget {
+        gaps.clear();
+    }
+    gaps
 }
 
 /// The regions of private pages in `entries`, one `/proc/self/pagemap` entry per page: present,
@@ -151,17 +125,24 @@ fn private_regions(entries: &[u8]) -> Vec<(usize, usize)> {
 /// owns the memory about to be dropped, so nothing else reads or writes it.
 #[cfg(target_os = "linux")]
 pub(crate) fn merge(note: &MemoryNote) {
+    use std::sync::{LazyLock, Mutex, PoisonError};
+
+    static BOOK: LazyLock<Mutex<Book>> = LazyLock::new(Mutex::default);
     let page = rustix::param::page_size();
     let Some(span) = note.0.get() else {
         return;
     };
-    if !scan_due(span.base) {
+    let mut book = BOOK.lock().unwrap_or_else(PoisonError::into_inner);
+    if !book.due(span.base) {
         return;
     }
     let Some(regions) = private_regions_of(span, page) else {
         return;
     };
-    for (start, end) in gaps_to_fill(&regions) {
+    let private = regions.iter().map(|(start, end)| end - start).sum();
+    let budget = book.allowance(span.base, private, page);
+    let fill = gaps_to_fill(&regions, budget);
+    for &(start, end) in &fill {
         for p in start..end {
             let byte = (span.base + p * page) as *mut u8;
             // SAFETY: the page is inside the memory as noted (it lies between two pages of
@@ -171,24 +152,56 @@ pub(crate) fn merge(note: &MemoryNote) {
             unsafe { byte.write_volatile(byte.read_volatile()) };
         }
     }
+    book.filled(span.base, fill.iter().map(|(start, end)| end - start).sum());
 }
 
-/// Whether the slot at `base` is due a scan: at its first reset, and then once in
-/// [`SCAN_EVERY`]. Slots are told apart by their memory's address, fixed for the pool's life.
-#[cfg(target_os = "linux")]
-fn scan_due(base: usize) -> bool {
-    use std::collections::HashMap;
-    use std::sync::{LazyLock, Mutex, PoisonError};
+/// What the reaper knows of the slots it has scanned, told apart by their memory's address
+/// (fixed for the pool's life). A slot that is never reset again (its engine was dropped)
+/// keeps its count here until its address is a slot's again: that only makes fills rarer.
+#[derive(Debug, Default)]
+struct Book {
+    slots: std::collections::HashMap<usize, Slot>,
+    /// The private pages of every slot, as each was last scanned (and filled).
+    private: usize,
+}
 
-    static SKIPS: LazyLock<Mutex<HashMap<usize, u32>>> = LazyLock::new(Mutex::default);
-    let mut skips = SKIPS.lock().unwrap_or_else(PoisonError::into_inner);
-    let left = skips.entry(base).or_insert(0);
-    if *left == 0 {
-        *left = SCAN_EVERY - 1;
-        true
-    } else {
-        *left -= 1;
-        false
+#[derive(Debug, Default)]
+struct Slot {
+    /// Resets until the next scan.
+    skips: u32,
+    /// Its private pages, as last scanned (and filled).
+    private: usize,
+}
+
+impl Book {
+    /// Whether the slot at `base` is due a scan: at its first reset, and then once in
+    /// [`SCAN_EVERY`].
+    fn due(&mut self, base: usize) -> bool {
+        let slot = self.slots.entry(base).or_default();
+        if slot.skips == 0 {
+            slot.skips = SCAN_EVERY - 1;
+            true
+        } else {
+            slot.skips -= 1;
+            false
+        }
+    }
+
+    /// Notes that the slot at `base` holds `private` pages now; returns how many pages may be
+    /// filled in it.
+    fn allowance(&mut self, base: usize, private: usize, page: usize) -> usize {
+        let slot = self.slots.entry(base).or_default();
+        self.private = self.private - slot.private + private;
+        slot.private = private;
+        (MAX_FILL_BYTES / page)
+            .min((MAX_SLOT_BYTES / page).saturating_sub(private))
+            .min((MAX_TOTAL_BYTES / page).saturating_sub(self.private))
+    }
+
+    /// Notes that `pages` were filled in the slot at `base`.
+    fn filled(&mut self, base: usize, pages: usize) {
+        self.slots.entry(base).or_default().private += pages;
+        self.private += pages;
     }
 }
 
@@ -240,7 +253,7 @@ mod tests {
     #[test]
     fn few_regions_need_no_fill() {
         let regions: Vec<_> = (0..TARGET).map(|i| (i * 10, i * 10 + 1)).collect();
-        assert!(gaps_to_fill(&regions).is_empty());
+        assert!(gaps_to_fill(&regions, usize::MAX).is_empty());
     }
 
     #[test]
@@ -253,32 +266,36 @@ mod tests {
             at += 1 + if [5, 9, 20].contains(&i) { 2 } else { 50 };
         }
         let gap = |i: usize| (regions[i].1, regions[i + 1].0);
-        assert_eq!(gaps_to_fill(&regions), vec![gap(5), gap(9), gap(20)]);
+        assert_eq!(gaps_to_fill(&regions, 6), vec![gap(5), gap(9), gap(20)]);
+        assert!(gaps_to_fill(&regions, 5).is_empty());
     }
 
-    #[test]
-    fn fill_stops_at_its_page_budget() {
-        let regions: Vec<_> = (0..TARGET + 10)
-            .map(|i| {
-                (
-                    i * (MAX_FILL_PAGES / 4 + 1),
-                    i * (MAX_FILL_PAGES / 4 + 1) + 1,
-                )
-            })
-            .collect();
-        let fill = gaps_to_fill(&regions);
-        let pages: usize = fill.iter().map(|(s, e)| e - s).sum();
-        assert!(pages <= MAX_FILL_PAGES, "{pages}");
-        assert_eq!(fill.len(), 4);
-    }
-
-    #[cfg(target_os = "linux")]
     #[test]
     fn a_slot_is_scanned_at_its_first_reset_then_once_in_scan_every() {
-        // An address no slot has: memories are page-aligned.
-        let due: Vec<bool> = (0..2 * SCAN_EVERY).map(|_| scan_due(1)).collect();
+        let mut book = Book::default();
+        let due: Vec<bool> = (0..2 * SCAN_EVERY).map(|_| book.due(4096)).collect();
         assert!(due[0]);
         assert_eq!(due.iter().filter(|&&d| d).count(), 2);
+    }
+
+    #[test]
+    fn fills_stay_within_the_slots_and_the_totals_bounds() {
+        let page = 4096;
+        let mut book = Book::default();
+        // A small slot may take a whole fill.
+        assert_eq!(book.allowance(1 << 30, 60, page), MAX_FILL_BYTES / page);
+        book.filled(1 << 30, 85);
+        // A slot near its bound, only what is left of it.
+        let near = MAX_SLOT_BYTES / page - 10;
+        assert_eq!(book.allowance(2 << 30, near, page), 10);
+        // Rescanning a slot replaces its count, not adds to it.
+        book.allowance(1 << 30, 145, page);
+        assert_eq!(book.private, 145 + near);
+        // Slots enough to reach the total leave nothing to fill anywhere.
+        for i in 3..3 + MAX_TOTAL_BYTES / MAX_SLOT_BYTES {
+            book.allowance(i << 30, MAX_SLOT_BYTES / page, page);
+        }
+        assert_eq!(book.allowance(1 << 30, 145, page), 0);
     }
 
     /// A private mapping of a file stands for a slot's memory mapped from the snapshot: pages
