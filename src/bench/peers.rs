@@ -9,18 +9,18 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
-use pycage::Runner;
+use pycage::{Runner, WasmBackend};
 use serde_json::{Value, json};
 
-use super::cases::{COMPUTE, JSON_10K, REGEX_1MB, check, us};
+use super::cases::{COMPUTE, JSON_10K, REGEX_1MB, check, runner, us};
 use super::{Baseline, Figure, Row, Settings, Summary};
 
 /// The driver, run by the peers' Python.
 const DRIVER: &str = include_str!("peers.py");
 
 /// The cases: name, code (the same for both sides), samples (`None`: the bench's
-/// iterations), target.
-fn cases() -> [(&'static str, String, Option<usize>, &'static str); 5] {
+/// iterations), target. `peers_pool_*` runs pycage's side in its warm pool (see [`Ours`]).
+fn cases() -> [(&'static str, String, Option<usize>, &'static str); 6] {
     [
         (
             "peers_fresh_pass",
@@ -29,6 +29,7 @@ fn cases() -> [(&'static str, String, Option<usize>, &'static str); 5] {
             "p50 <= 0.15 ms and >= 1.5x faster than Monty",
         ),
         ("peers_fresh_print", "print('hi')".into(), None, ""),
+        ("peers_pool_pass", "pass".into(), None, ""),
         (
             "peers_compute_sum_squares",
             format!("x = {COMPUTE}"),
@@ -127,10 +128,33 @@ impl Drop for Driver {
     }
 }
 
-/// One sample of pycage's fresh run of `code`, in microseconds.
-async fn pycage_sample(fresh: &Runner, code: &str) -> Result<f64, String> {
+/// How pycage's side of a case runs.
+enum Ours<'a> {
+    /// A fresh sandbox: instantiated for the run, dropped after it.
+    Fresh(&'a Runner),
+    /// The warm pool's next instance, as a host that asks for the lowest latency runs
+    /// (`warm_pool(POOL).meter_fuel(false)`: instantiated and primed in the background, never
+    /// used before, dropped after the run), the way Monty's side takes a warm worker. The
+    /// pool is full before each sample, as Monty's workers are idle.
+    Pool(&'a Runner, &'a WasmBackend),
+}
+
+/// The warm pool's size for the `peers_pool_*` rows.
+const POOL: usize = 4;
+
+/// One sample of pycage's run of `code`, in microseconds.
+async fn pycage_sample(ours: &Ours<'_>, code: &str) -> Result<f64, String> {
+    let runner = match ours {
+        Ours::Fresh(runner) => runner,
+        Ours::Pool(runner, backend) => {
+            while backend.warm_instances() < POOL {
+                tokio::time::sleep(std::time::Duration::from_micros(200)).await;
+            }
+            runner
+        }
+    };
     let t = Instant::now();
-    check(fresh.run(code).await)?;
+    check(runner.run(code).await)?;
     Ok(us(t.elapsed()))
 }
 
@@ -147,16 +171,36 @@ pub(super) async fn rows(
         .iter()
         .map(|(p, v)| (p.clone(), v.clone()))
         .collect();
+    let pooled = if cases()
+        .iter()
+        .any(|c| c.0.starts_with("peers_pool") && wanted(c.0))
+    {
+        let backend = WasmBackend::builder()
+            .warm_pool(POOL)
+            .meter_fuel(false)
+            .build()
+            .map_err(|e| e.to_string())?;
+        backend.prepare().await.map_err(|e| e.to_string())?;
+        Some((runner(backend.clone(), 100)?, backend))
+    } else {
+        None
+    };
     let mut rows = Vec::new();
     for (case, code, samples, target) in cases() {
         if !wanted(case) {
             continue;
         }
+        let side = match &pooled {
+            Some((runner, backend)) if case.starts_with("peers_pool") => {
+                Ours::Pool(runner, backend)
+            }
+            _ => Ours::Fresh(fresh),
+        };
         let n = samples.unwrap_or(s.iterations);
         for (peer, version) in &peers {
             let warm_up = if samples.is_some() { 1 } else { n.min(20) };
             for _ in 0..warm_up {
-                pycage_sample(fresh, &code).await?; // warm-up
+                pycage_sample(&side, &code).await?; // warm-up
                 driver.time(peer, &code)?;
             }
             let (mut ours, mut theirs) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -165,11 +209,11 @@ pub(super) async fn rows(
                 // Each side goes first in turn, so neither always finds the caches the
                 // other left.
                 if i % 2 == 0 {
-                    ours.push(pycage_sample(fresh, &code).await?);
+                    ours.push(pycage_sample(&side, &code).await?);
                     theirs.push(driver.time(peer, &code)?);
                 } else {
                     theirs.push(driver.time(peer, &code)?);
-                    ours.push(pycage_sample(fresh, &code).await?);
+                    ours.push(pycage_sample(&side, &code).await?);
                 }
             }
             rows.push(Row {
