@@ -40,9 +40,9 @@ pub use self::error::WasmError;
 pub use self::guest::{Guest, GuestError, GuestManifest};
 pub use self::linker::CapabilityDenied;
 
-use self::bindings::{SandboxIndices, SandboxPre};
+use self::bindings::SandboxPre;
 use self::engine::SlotReset;
-use self::instance::Fresh;
+use self::instance::{Fresh, RunExport};
 use self::pool::WarmPool;
 use self::state::RunState;
 use crate::backend::{Availability, Backend, BackendSession, Job, RunFuture, SessionFuture};
@@ -81,8 +81,8 @@ struct Inner {
 
 struct Prepared {
     pre: SandboxPre<RunState>,
-    /// Where the guest's exports are, looked up once (a session calls `run` itself).
-    indices: SandboxIndices,
+    /// Where the guest's `run` export is, looked up once (each instance only types it).
+    run: RunExport,
     source: ArtifactSource,
 }
 
@@ -528,8 +528,8 @@ impl Inner {
         let meter_fuel = self.settings.meter_fuel || self.settings.seed.is_some();
         let seed = self.settings.seed;
         let fresh = || {
-            let (pre, indices) = (&prepared.pre, &prepared.indices);
-            Fresh::new(&self.engine, pre, indices, meter_fuel, self.reset, seed)
+            let (pre, run) = (&prepared.pre, prepared.run);
+            Fresh::new(&self.engine, pre, run, meter_fuel, self.reset, seed)
         };
         match fresh().await {
             // Used instances give their slots back on the reaper thread: when every slot is
@@ -571,13 +571,8 @@ fn prepare_blocking(inner: &Inner) -> Result<Prepared, WasmError> {
     let pre = SandboxPre::new(pre)
         .map_err(|e| WasmError::Link(format!("the guest does not fit the contract: {e}")))?;
     tracing::debug!(?source, ?loaded, total = ?started.elapsed(), "pycage: guest prepared");
-    let indices = SandboxIndices::new(pre.instance_pre())
-        .map_err(|e| WasmError::Link(format!("the guest does not fit the contract: {e}")))?;
-    Ok(Prepared {
-        pre,
-        indices,
-        source,
-    })
+    let run = RunExport::find(pre.instance_pre().component()).map_err(WasmError::Link)?;
+    Ok(Prepared { pre, run, source })
 }
 
 impl Backend for WasmBackend {

@@ -16,8 +16,8 @@ use wasmtime::component::ResourceTable;
 use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
+use super::bindings::SandboxPre;
 use super::bindings::exports::pycage::sandbox::guest::Failure;
-use super::bindings::{SandboxIndices, SandboxPre};
 use super::classify::{self, Ending, Evidence};
 use super::clock::VirtualClock;
 use super::engine::{FUEL_YIELD_INTERVAL, SlotReset};
@@ -49,6 +49,8 @@ pub(crate) struct Fresh {
     /// The guest's `run` export, called with code that notes where the guest's memory is as
     /// it is lowered (`super::noted`), for the slot's reset.
     run: OneShotRun,
+    /// Where `run` is, for a session's typing of it.
+    run_export: RunExport,
     meter_fuel: bool,
 }
 
@@ -76,13 +78,13 @@ pub(crate) struct Outcome {
 impl Fresh {
     /// Instantiates a guest in a new store. Deny by construction: no args, no environment, no
     /// preopened directories, stdin closed, stdout and stderr captured. `reset` is how
-    /// `engine` resets its slots; `indices` are `pre`'s exports. With a `seed` the instance is
-    /// deterministic: its clocks are virtual (see `super::clock`) and its random bytes,
-    /// secure and insecure, come from ChaCha20 streams keyed by the seed.
+    /// `engine` resets its slots; `run_export` is where `pre`'s `run` is. With a `seed` the
+    /// instance is deterministic: its clocks are virtual (see `super::clock`) and its random
+    /// bytes, secure and insecure, come from ChaCha20 streams keyed by the seed.
     pub async fn new(
         engine: &Engine,
         pre: &SandboxPre<RunState>,
-        indices: &SandboxIndices,
+        run_export: RunExport,
         meter_fuel: bool,
         reset: SlotReset,
         seed: Option<u64>,
@@ -160,14 +162,13 @@ impl Fresh {
         )
         .await
         .map_err(|_| wasmtime::format_err!("instantiating the guest timed out"))??;
-        // Checks the guest's exports against the world's; runs go through `run_export`.
-        indices.load(&mut *store, &instance)?;
-        let run = run_export(&instance, &mut store)?;
+        let run = run_export.typed(&instance, &mut store)?;
         Ok(Fresh {
             store,
             instance,
             session_run: None,
             run,
+            run_export,
             meter_fuel,
         })
     }
@@ -233,7 +234,7 @@ impl Fresh {
         limits: &crate::Limits,
         sites: interrupt::SiteCell,
     ) -> wasmtime::Result<Fresh> {
-        self.session_run = Some(run_export(&self.instance, &mut self.store)?);
+        self.session_run = Some(self.run_export.typed(&self.instance, &mut self.store)?);
         let state = self.store.data_mut();
         state.scratch = ScratchSlot::Lazy(limits.clone());
         state.interrupt = Some(Arc::new(interrupt::Probe::new(sites)));
@@ -481,18 +482,34 @@ async fn until<F: Future>(
     .await
 }
 
-/// The guest's `run` export, its code shown to `N` as it is lowered.
-fn run_export<N: super::noted::Noter>(
-    instance: &wasmtime::component::Instance,
-    store: &mut GuestStore,
-) -> wasmtime::Result<GuestRun<N>> {
-    let guest = instance
-        .get_export_index(&mut **store, None, "pycage:sandbox/guest@0.1.0")
-        .ok_or_else(|| {
-            wasmtime::format_err!("the guest exports no `pycage:sandbox/guest@0.1.0`")
-        })?;
-    let run = instance
-        .get_export_index(&mut **store, Some(&guest), "run")
-        .ok_or_else(|| wasmtime::format_err!("the guest exports no `run`"))?;
-    instance.get_typed_func(&mut **store, run)
+/// Where the guest's `run` export is in its component: found once, when the guest is
+/// prepared, and typed in each instance.
+///
+/// Looked up by name in each instance, beside a load of the whole contract
+/// (`SandboxIndices::load`), it was part of every fresh run. `run` is the contract's one
+/// export, and typing it checks its signature in each instance, as the load did.
+#[derive(Clone, Copy)]
+pub(crate) struct RunExport(wasmtime::component::ComponentExportIndex);
+
+impl RunExport {
+    /// `run` in the guest interface `component` exports, or why it has none.
+    pub fn find(component: &wasmtime::component::Component) -> Result<RunExport, String> {
+        const INTERFACE: &str = "pycage:sandbox/guest@0.1.0";
+        let guest = component
+            .get_export_index(None, INTERFACE)
+            .ok_or_else(|| format!("the guest exports no `{INTERFACE}`"))?;
+        let run = component
+            .get_export_index(Some(&guest), "run")
+            .ok_or_else(|| format!("the guest's `{INTERFACE}` exports no `run`"))?;
+        Ok(RunExport(run))
+    }
+
+    /// The export in `instance`, its code shown to `N` as it is lowered.
+    fn typed<N: super::noted::Noter>(
+        self,
+        instance: &wasmtime::component::Instance,
+        store: &mut GuestStore,
+    ) -> wasmtime::Result<GuestRun<N>> {
+        instance.get_typed_func(&mut **store, self.0)
+    }
 }
