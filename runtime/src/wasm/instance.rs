@@ -42,15 +42,12 @@ const INSTANTIATE_TIMEOUT: Duration = Duration::from_secs(30);
 /// An instantiated guest that has never run.
 pub(crate) struct Fresh {
     store: GuestStore,
-    instance: wasmtime::component::Instance,
     /// A session's way into the guest (see [`Fresh::into_session`]); its interrupt is the
     /// store's (`RunState::interrupt`).
     session_run: Option<SessionRun>,
     /// The guest's `run` export, called with code that notes where the guest's memory is as
     /// it is lowered (`super::noted`), for the slot's reset.
     run: OneShotRun,
-    /// Where `run` is, for a session's typing of it.
-    run_export: RunExport,
     meter_fuel: bool,
 }
 
@@ -165,10 +162,8 @@ impl Fresh {
         let run = run_export.typed(&instance, &mut store)?;
         Ok(Fresh {
             store,
-            instance,
             session_run: None,
             run,
-            run_export,
             meter_fuel,
         })
     }
@@ -234,7 +229,8 @@ impl Fresh {
         limits: &crate::Limits,
         sites: interrupt::SiteCell,
     ) -> wasmtime::Result<Fresh> {
-        self.session_run = Some(self.run_export.typed(&self.instance, &mut self.store)?);
+        // The same export, typed for a session's code.
+        self.session_run = Some(self.run.func().typed(&*self.store)?);
         let state = self.store.data_mut();
         state.scratch = ScratchSlot::Lazy(limits.clone());
         state.interrupt = Some(Arc::new(interrupt::Probe::new(sites)));
