@@ -5,7 +5,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use crate::{APP, BuildError, GUEST_FILES, Result, SOURCES, Toolchain, WIT, WORLD, finish};
+use crate::{
+    APP, BuildError, GUEST_FILES, Optimizer, Result, SOURCES, Toolchain, WIT, WORLD, finish,
+    finish_with,
+};
 
 /// The line `pycage_wasm.py` raises when a module to preload does not import, as a sentence.
 fn preload_failure(output: &str) -> Option<String> {
@@ -75,12 +78,16 @@ pub fn build_custom(
 /// Builds the default guest from its sources ([`GUEST_FILES`] of [`SOURCES`], and [`WIT`]) with
 /// `toolchain`, in `work` (its contents are replaced), and returns the finished component:
 /// what `pycage-guest-default` ships prebuilt, and what `pycage`'s `guest-from-source` feature
-/// embeds.
+/// embeds. Its linked module is optimized by binaryen's `wasm-opt` ([`Optimizer::find`]); a
+/// custom guest's is not (yet: its C extensions have not been tried under it).
 ///
 /// # Errors
 ///
-/// [`BuildError`] when componentize-py or a step of [`finish`] fails.
+/// [`BuildError`] when `wasm-opt` is missing or another release, or when componentize-py or a
+/// step of [`finish`] fails.
 pub fn build_default(toolchain: &Toolchain, work: &Path) -> Result<Vec<u8>> {
+    // Found first, so that a missing binaryen fails the build before componentize-py runs.
+    let optimizer = Optimizer::find()?;
     let sources = SOURCES
         .iter()
         .filter(|(name, _)| GUEST_FILES.contains(name));
@@ -88,7 +95,7 @@ pub fn build_default(toolchain: &Toolchain, work: &Path) -> Result<Vec<u8>> {
     let out = work.join("componentized.wasm");
     toolchain.componentize(&laid.wit, WORLD, APP, &[&laid.src], &laid.no_packages, &out)?;
     let component = fs::read(&out).map_err(|e| io("reading componentize-py's output", e))?;
-    finish(&component)
+    finish_with(&component, Some((&optimizer, work)))
 }
 
 fn io(what: &str, e: std::io::Error) -> BuildError {

@@ -10,7 +10,8 @@
 //! 2. The snapshot's objects are made immortal, so a run never writes their reference counts
 //!    (`immortalize_snapshot`; the guest lists them in a table at build time).
 //! 3. The guest's libraries are linked into one core module, so instantiation builds a
-//!    handful of function references instead of thousands (`link`).
+//!    handful of function references instead of thousands (`link`); for the default guest,
+//!    binaryen's `wasm-opt` then optimizes that module as a whole ([`Optimizer`]).
 //!
 //! [`build_default`] builds pycage's default guest (what `pycage-guest-default` ships
 //! prebuilt, and what `pycage`'s `guest-from-source` feature embeds); [`build_custom`] builds a
@@ -20,13 +21,16 @@
 
 mod custom;
 mod link;
+mod optimize;
 mod snapshot;
 mod toolchain;
 
 use std::fmt;
+use std::path::Path;
 
 pub use custom::{CustomGuest, build_custom, build_default};
 
+pub use optimize::{ENV_WASM_OPT, Optimizer, WASM_OPT_VERSION};
 pub use toolchain::{COMPONENTIZE_PY, LOCK, Toolchain};
 
 pub use pycage_guest_default::{APP, GUEST_FILES, SOURCES, WIT, WORLD};
@@ -44,6 +48,7 @@ const BUILDER_FILES: &[(&str, &str)] = &[
     ("src/link/emit.rs", include_str!("link/emit.rs")),
     ("src/link/merge.rs", include_str!("link/merge.rs")),
     ("src/link/module.rs", include_str!("link/module.rs")),
+    ("src/optimize.rs", include_str!("optimize.rs")),
 ];
 
 /// BLAKE3 of everything the default guest is built from: its Python files ([`GUEST_FILES`]),
@@ -129,11 +134,22 @@ pub type Result<T> = std::result::Result<T, BuildError>;
 /// [`BuildError`] when the component is not what the steps expect of componentize-py 0.25.1
 /// with pycage's guest: a step that would have to guess fails instead.
 pub fn finish(component: &[u8]) -> Result<Vec<u8>> {
+    finish_with(component, None)
+}
+
+/// [`finish`], with the linked module optimized by `optimizer` (in the directory `work`) when
+/// one is given.
+fn finish_with(component: &[u8], optimizer: Option<(&Optimizer, &Path)>) -> Result<Vec<u8>> {
     let mut bytes = component.to_vec();
     snapshot::raise_parser_depth(&mut bytes).map_err(BuildError::new)?;
     snapshot::immortalize_snapshot(&mut bytes).map_err(BuildError::new)?;
-    link::link_libraries(&bytes)
-        .map_err(|e| BuildError::new(format!("linking the guest's libraries: {e}")))
+    link::link_libraries(&bytes, |module| match optimizer {
+        Some((optimizer, work)) => optimizer
+            .optimize(&module, work)
+            .map_err(|e| e.message().to_owned()),
+        None => Ok(module),
+    })
+    .map_err(|e| BuildError::new(format!("linking the guest's libraries: {e}")))
 }
 
 /// Compares two finished components everywhere outside their heap snapshots: every section

@@ -51,12 +51,17 @@ use wasmparser::{ExternalKind, Operator};
 type Result<T> = std::result::Result<T, String>;
 
 /// Links the libraries of a componentize-py component into one core module (see the module
-/// docs) and returns the new component, validated.
-pub fn link_libraries(component: &[u8]) -> Result<Vec<u8>> {
+/// docs), passes that module through `optimize` (which must keep its imports, exports and
+/// table as they are: `crate::optimize`), and returns the new component, validated.
+pub fn link_libraries(
+    component: &[u8],
+    optimize: impl FnOnce(Vec<u8>) -> Result<Vec<u8>>,
+) -> Result<Vec<u8>> {
     let top = component::Top::parse(component)?;
     let group = merge::Group::find(&top)?;
     let plan = merge::Linker::new(&top, &group).plan()?;
-    let linked = emit::emit(&plan)?;
+    let mut linked = emit::emit(&plan)?;
+    linked.merged = optimize(std::mem::take(&mut linked.merged))?;
     let out = component::rewrite(&top, &group, &linked)?;
     wasmparser::Validator::new_with_features(wasmparser::WasmFeatures::all())
         .validate_all(&out)

@@ -75,7 +75,8 @@ pub(crate) fn config(meter_fuel: bool, deterministic: bool) -> Config {
     // compute case ran 15% faster (metered 177-183 -> 151-154 ms, side by side), but the
     // first compile took 23 s instead of 6 s and 8.2 GB of memory instead of 0.4 GB (4.2 GB
     // and 9% faster with the callee-size limit at 500), a poor trade for the desktops and edge
-    // hosts that compile the guest once and then run it.
+    // hosts that compile the guest once and then run it. The default guest is inlined at its
+    // build instead, once, by binaryen (`guest-build/src/optimize.rs`).
     // For profiling: `PYCAGE_PERFMAP=1 perf record ...` names the guest's functions.
     if std::env::var_os("PYCAGE_PERFMAP").is_some() {
         config.profiler(wasmtime::ProfilingStrategy::PerfMap);
