@@ -94,8 +94,9 @@ fn instantiating_the_guest_builds_few_function_references() {
         .iter()
         .max_by_key(|m| m.defined_functions)
         .expect("the guest has core modules");
-    // CPython, libc and componentize-py's runtime together.
-    assert!(code.defined_functions > 10_000, "{code:?}");
+    // CPython, libc and componentize-py's runtime together: 9,156 functions once wasm-opt has
+    // inlined away those with one caller, over 10,000 before.
+    assert!(code.defined_functions > 8_000, "{code:?}");
     assert!(
         code.defined_table.is_some() && !code.imported_table,
         "the guest's code does not own its function table: {code:?}"
